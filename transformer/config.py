@@ -1,0 +1,289 @@
+"""params.yaml as typed dataclasses: one section per stage, unknown keys are errors.
+
+`load(TrainConfig, "train")` reads one section. Defaults are the offline demo; a preset
+(presets/NAME.yaml) overrides some of them and `python -m transformer.config preset NAME`
+writes the merged result to params.yaml, which stays the one config every stage reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from transformer.files import atomic_write
+
+PARAMS = Path("params.yaml")
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A params.yaml problem, always naming the file and the dotted key."""
+
+
+# ----------------------------------------------------------------------------- download
+@dataclass
+class CleanConfig:
+    nfc: bool = True  # Unicode NFC
+    normalize_whitespace: bool = True  # collapse runs of whitespace, strip ends
+    remove_control: bool = True  # drop control characters (C0/C1 except tab)
+    min_words: int = 1  # pairs with fewer words on either side are dropped
+    max_words: int = 250  # ... or more (fairseq clean-corpus-n)
+    max_ratio: float = 1.5  # word-count ratio bound; 0 disables
+    dedup: bool = True  # drop exact duplicate pairs in train
+    drop_eval_overlap: bool = True  # drop train pairs whose src or tgt is in valid/test
+
+
+@dataclass
+class SyntheticConfig:
+    train: int = 20000
+    valid: int = 500
+    test: int = 500
+    seed: int = 1
+
+
+@dataclass
+class SourceSpec:
+    """One corpus part: a local path or URL plus its format (text, tsv, jsonl, sgm, hf)."""
+
+    path: str = ""
+    format: str = "text"
+    sha256: str = ""
+
+
+@dataclass
+class DownloadConfig:
+    source: str = "synthetic"  # synthetic | local | hf | wmt
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    # split -> list of parts, used by the local / hf / wmt sources
+    splits: dict[str, list[SourceSpec]] = field(default_factory=dict)
+    hf_path: str = "wmt/wmt14"
+    hf_name: str = "de-en"
+    hf_revision: str = ""
+    cache_dir: str = ".cache/download"
+
+
+# ----------------------------------------------------------------------------- tokenizer
+@dataclass
+class TokenizerConfig:
+    type: str = "bpe"  # bpe (joint, paper en-de) | wordpiece (paper en-fr)
+    vocab_size: int = 2000
+    min_frequency: int = 2
+
+
+# ----------------------------------------------------------------------------- shard
+@dataclass
+class ShardConfig:
+    max_len: int = 256  # tokens per side, EOS included; longer pairs are dropped and counted
+    shard_pairs: int = 1_000_000  # pairs per shard file at most
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    d_ff: int = 512
+    n_heads: int = 4
+    n_layers: int = 2  # N in the paper, for encoder and decoder alike
+    dropout: float = 0.1  # §5.4 P_drop
+    pre_ln: bool = False  # post-LN is the paper's; pre-LN is offered as an option
+    max_positions: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+            )
+
+
+# ----------------------------------------------------------------------------- train
+@dataclass
+class TrainConfig:
+    nproc: int = 1  # torchrun --nproc_per_node
+    seed: int = 1
+    max_tokens: int = 4096  # per process and micro-batch, padded positions, each side
+    update_freq: int = 1  # gradient accumulation: micro-batches per update
+    max_steps: int = 600
+    time_budget_minutes: float = 0.0  # stop after this much training wall time; 0 = none
+    warmup_steps: int = 4000  # §5.3
+    lr_scale: float = 1.0  # multiplies the §5.3 rate
+    label_smoothing: float = 0.1  # §5.4
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # §5.3
+    adam_eps: float = 1e-9
+    clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 on CUDA only)
+    save_every_steps: int = 100
+    save_every_minutes: float = 10.0  # §6.1: checkpoints at 10-minute intervals
+    keep_last: int = 5
+    valid_every_steps: int = 100
+    log_every_steps: int = 10
+    threads: int = 0  # torch.set_num_threads; 0 = torch's default
+
+
+# ----------------------------------------------------------------------------- average
+@dataclass
+class AverageConfig:
+    last_k: int = 5  # §6.1: 5 for base, 20 for big
+    by: str = "steps"  # steps | time (pick checkpoints at least interval_minutes apart)
+    interval_minutes: float = 10.0
+
+
+# ----------------------------------------------------------------------------- decode
+@dataclass
+class DecodeConfig:
+    beam_size: int = 4  # §6.1
+    length_penalty: float = 0.6  # §6.1 alpha
+    max_len_a: float = 1.0  # max output length = a * src_len + b (§6.1: src + 50)
+    max_len_b: int = 50
+    batch_tokens: int = 4096
+
+
+# ----------------------------------------------------------------------------- evaluate
+@dataclass
+class EvaluateConfig:
+    split: str = "test"
+    tokenized_bleu: bool = True  # also the paper's tokenized, compound-split BLEU
+
+
+SECTIONS: dict[str, type] = {
+    "download": DownloadConfig,
+    "tokenizer": TokenizerConfig,
+    "shard": ShardConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "average": AverageConfig,
+    "decode": DecodeConfig,
+    "evaluate": EvaluateConfig,
+}
+
+
+def _build(tp: Any, value: Any, key: str, src: str) -> Any:
+    """Convert `value` to type `tp`, recursing into dataclasses, lists and dicts."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{src}: {key} must be a mapping, got {value!r}")
+        hints = typing.get_type_hints(tp)
+        names = [f.name for f in dataclasses.fields(tp)]
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise ConfigError(
+                f"{src}: unknown key {key}.{unknown[0]} (valid keys: {', '.join(names)})"
+            )
+        kwargs = {k: _build(hints[k], v, f"{key}.{k}", src) for k, v in value.items()}
+        try:
+            return tp(**kwargs)
+        except ConfigError as e:
+            raise ConfigError(f"{src}: {e}") from None
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{src}: {key} must be a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_build(item, v, f"{key}[{i}]", src) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{src}: {key} must be a mapping, got {value!r}")
+        _, item = typing.get_args(tp)
+        return {k: _build(item, v, f"{key}.{k}", src) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and (
+        not isinstance(value, tp) or (isinstance(value, bool) and tp is not bool)
+    ):
+        raise ConfigError(f"{src}: {key} must be {tp.__name__}, got {value!r}")
+    return value
+
+
+def read_params(path: Path = PARAMS) -> dict[str, Any]:
+    """The raw params mapping, with unknown sections rejected."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such params file (run from the project root)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections")
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"{path}: unknown section {unknown[0]} (valid: {', '.join(SECTIONS)})")
+    return data
+
+
+def load(cls: type[T], section: str, path: Path = PARAMS) -> T:
+    """Section `section` of params.yaml as a `cls`; a missing section gives the defaults."""
+    return _build(cls, read_params(path).get(section) or {}, section, str(path))
+
+
+def load_all(path: Path = PARAMS) -> dict[str, Any]:
+    """Every section, validated: {name: dataclass instance}."""
+    data = read_params(path)
+    return {name: _build(cls, data.get(name) or {}, name, str(path)) for name, cls in SECTIONS.items()}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def preset_params(name: str) -> dict[str, Any]:
+    """The full params mapping of preset `name`: the defaults with the preset's overrides."""
+    path = PRESETS / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"no preset {name!r} (available: {', '.join(presets())})")
+    over = yaml.safe_load(path.read_text()) or {}
+    defaults = {n: dataclasses.asdict(cls()) for n, cls in SECTIONS.items()}
+    merged = _merge(defaults, over)
+    for name_, cls in SECTIONS.items():  # validate before anything is written
+        _build(cls, merged[name_], name_, str(path))
+    return merged
+
+
+def write_preset(name: str, out: Path = PARAMS) -> None:
+    """Replace `out` with preset `name`, atomically."""
+    merged = preset_params(name)
+    header = f"# Written by `python -m transformer.config preset {name}`; edit freely.\n"
+    with atomic_write(out, "w") as f:
+        f.write(header + yaml.safe_dump(merged, sort_keys=False, default_flow_style=None))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m transformer.config", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("preset", help="write presets/NAME.yaml over the defaults to params.yaml")
+    p.add_argument("name", help="one of: " + ", ".join(presets()))
+    p.add_argument("--out", type=Path, default=PARAMS)
+    sub.add_parser("list", help="list the presets")
+    sub.add_parser("check", help="validate params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "preset":
+            write_preset(args.name, args.out)
+            print(f"{args.out}: now preset {args.name}")
+        elif args.cmd == "list":
+            print("\n".join(presets()))
+        else:
+            load_all()
+            print(f"{PARAMS}: ok")
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
