@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make demo` (set up + run the offline demo pipeline)
+# and `make test` (set up + run the tests). Everything else is optional.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU build of torch. Off this machine, point pip at PyTorch's CPU index, e.g.
+#   make demo TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# (a GPU machine installs its CUDA build of torch 2.13.0 the same way).
+TORCH_PIP_ARGS ?=
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DVC_NO_ANALYTICS ?= 1
+
+.PHONY: setup demo test test-fast clean-data help
+
+help:
+	@echo "make demo   - install into $(VENV) and run the offline demo pipeline (dvc repro)"
+	@echo "make test   - install into $(VENV) and run the whole test suite"
+	@echo "make setup  - only install"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned, so nothing later can pull a CUDA build as a dependency.
+	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/python -m transformer.config check
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show
+
+test: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
+
+test-fast: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow"

@@ -1,0 +1,28 @@
+"""Shared pytest fixtures: the real data beside the checkout, and tiny params files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# Tests never phone home and never touch the user's DVC site cache.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dvc_site_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["DVC_SITE_CACHE_DIR"] = str(tmp_path_factory.mktemp("dvc-site-cache"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data beside the checkout (real Multi30k, newstest2013, wmt-sample)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data not found at {SHARED_DATA} (../shared/data beside the checkout)")
+    return SHARED_DATA

@@ -1,0 +1,85 @@
+"""params.yaml loading: typed sections, unknown keys and presets are errors that name the key."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transformer import config
+from transformer.config import ConfigError, ModelConfig, TrainConfig
+
+
+def write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_defaults_when_section_missing(tmp_path):
+    p = write(tmp_path / "params.yaml", {"train": {"max_steps": 7}})
+    assert config.load(TrainConfig, "train", p).max_steps == 7
+    assert config.load(ModelConfig, "model", p) == ModelConfig()
+
+
+def test_unknown_key_names_the_dotted_key(tmp_path):
+    p = write(tmp_path / "params.yaml", {"train": {"max_stpes": 7}})
+    with pytest.raises(ConfigError, match=r"train\.max_stpes"):
+        config.load(TrainConfig, "train", p)
+
+
+def test_unknown_nested_key(tmp_path):
+    p = write(tmp_path / "params.yaml", {"download": {"clean": {"max_wrods": 3}}})
+    with pytest.raises(ConfigError, match=r"download\.clean\.max_wrods"):
+        config.load_all(p)
+
+
+def test_unknown_section(tmp_path):
+    p = write(tmp_path / "params.yaml", {"trian": {}})
+    with pytest.raises(ConfigError, match="unknown section trian"):
+        config.load_all(p)
+
+
+def test_wrong_type_names_key(tmp_path):
+    p = write(tmp_path / "params.yaml", {"model": {"d_model": "big"}})
+    with pytest.raises(ConfigError, match=r"model\.d_model must be int"):
+        config.load_all(p)
+
+
+def test_int_accepted_for_float(tmp_path):
+    p = write(tmp_path / "params.yaml", {"train": {"lr_scale": 2}})
+    assert config.load(TrainConfig, "train", p).lr_scale == 2.0
+
+
+def test_impossible_model_config(tmp_path):
+    p = write(tmp_path / "params.yaml", {"model": {"d_model": 100, "n_heads": 3}})
+    with pytest.raises(ConfigError, match="divisible"):
+        config.load_all(p)
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such params file"):
+        config.load_all(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("name", config.presets())
+def test_every_preset_validates(name, tmp_path):
+    out = tmp_path / "params.yaml"
+    config.write_preset(name, out)
+    sections = config.load_all(out)
+    assert set(sections) == set(config.SECTIONS)
+
+
+def test_unknown_preset_lists_available():
+    with pytest.raises(ConfigError, match="available: .*demo"):
+        config.preset_params("wmt99-xx-yy")
+
+
+def test_preset_cli_roundtrip(tmp_path):
+    out = tmp_path / "p.yaml"
+    config.main(["preset", "demo", "--out", str(out)])
+    assert config.load_all(out)["model"] == ModelConfig()
+    with pytest.raises(SystemExit, match="no preset"):
+        config.main(["preset", "nope", "--out", str(out)])
+
+
+def test_repo_params_is_valid():
+    config.load_all(Path(__file__).resolve().parents[1] / "params.yaml")
