@@ -40,6 +40,7 @@ class CleanConfig:
     max_ratio: float = 1.5  # word-count ratio bound; 0 disables
     dedup: bool = True  # drop exact duplicate pairs in train
     drop_eval_overlap: bool = True  # drop train pairs whose src or tgt is in valid/test
+    filter_eval: bool = False  # also length/ratio/dedup-filter valid and test (off: keep them whole)
 
 
 @dataclass
@@ -52,26 +53,38 @@ class SyntheticConfig:
 
 @dataclass
 class SourceSpec:
-    """One corpus part: a local path or URL plus its format (text, tsv, jsonl, sgm, hf)."""
+    """One corpus part: local file(s), a URL or an archive, or a Hugging Face split.
 
-    path: str = ""
-    format: str = "text"
-    sha256: str = ""
+    `path` (and `src` / `tgt`) may hold "{lang}", replaced by each side's language. For an
+    archive (.tgz, .tar.gz, .tar, .gz) `src` / `tgt` name the members inside it.
+    """
+
+    path: str = ""  # file, archive or http(s) URL; hf: the dataset path (default download.hf_path)
+    format: str = "text"  # text (two files) | sgm (two files) | tsv | jsonl | hf
+    src: str = ""  # source-side file or archive member; default: path with {lang}
+    tgt: str = ""  # target-side file or archive member
+    sha256: str = ""  # of the downloaded file; checked when given
+    name: str = ""  # the part's name in the manifest; default: from the file names
+    hf_split: str = ""  # hf: the dataset split (train / validation / test)
 
 
 @dataclass
 class DownloadConfig:
-    source: str = "synthetic"  # synthetic | local | hf | wmt
+    source: str = "synthetic"  # synthetic | local | wmt | hf
     src_lang: str = "en"
     tgt_lang: str = "de"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     # split -> list of parts, used by the local / hf / wmt sources
     splits: dict[str, list[SourceSpec]] = field(default_factory=dict)
-    hf_path: str = "wmt/wmt14"
+    hf_path: str = "wmt/wmt14"  # a Hub id or a local folder with the Hub layout
     hf_name: str = "de-en"
-    hf_revision: str = ""
-    cache_dir: str = ".cache/download"
+    hf_revision: str = ""  # a Hub commit / tag; empty: the default branch
+    hf_cache_dir: str = ""  # datasets' cache; empty: its default ($HF_DATASETS_CACHE or ~/.cache)
+    cache_dir: str = ".cache/download"  # downloads (resumable .part files) and extracted archives
+    retries: int = 5  # HTTP attempts after the first, with exponential backoff
+    backoff: float = 2.0  # seconds before the first retry, doubled each time
+    timeout: float = 60.0  # seconds without data before an HTTP attempt fails
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -96,8 +109,11 @@ class ModelConfig:
     d_ff: int = 512
     n_heads: int = 4
     n_layers: int = 2  # N in the paper, for encoder and decoder alike
-    dropout: float = 0.1  # §5.4 P_drop
+    dropout: float = 0.1  # §5.4 P_drop: sub-layer outputs and embeddings + positions
+    attention_dropout: float = 0.0  # on attention weights (not in the paper; tensor2tensor's)
+    activation_dropout: float = 0.0  # after the FFN's ReLU (not in the paper)
     pre_ln: bool = False  # post-LN is the paper's; pre-LN is offered as an option
+    tie_embeddings: bool = True  # §3.4: one matrix for source, target and output (joint vocab)
     max_positions: int = 1024
 
     def __post_init__(self) -> None:
@@ -105,6 +121,25 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
+        if self.d_model % 2:
+            raise ConfigError(f"model.d_model ({self.d_model}) must be even (sin/cos pairs, §3.5)")
+        for k in ("d_model", "d_ff", "n_heads", "n_layers", "max_positions"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"model.{k} must be >= 1, got {getattr(self, k)}")
+        for k in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, k) < 1.0:
+                raise ConfigError(f"model.{k} must be in [0, 1), got {getattr(self, k)}")
+
+    @classmethod
+    def preset(cls, name: str) -> "ModelConfig":
+        """The paper's Table 3 shapes: `base` and `big`."""
+        shapes = {
+            "base": dict(d_model=512, d_ff=2048, n_heads=8, n_layers=6, dropout=0.1),
+            "big": dict(d_model=1024, d_ff=4096, n_heads=16, n_layers=6, dropout=0.3),
+        }
+        if name not in shapes:
+            raise ConfigError(f"no model preset {name!r} (available: {', '.join(shapes)})")
+        return cls(**shapes[name])
 
 
 # ----------------------------------------------------------------------------- train
@@ -129,6 +164,23 @@ class TrainConfig:
     valid_every_steps: int = 100
     log_every_steps: int = 10
     threads: int = 0  # torch.set_num_threads; 0 = torch's default
+    lr_decay: str = "none"  # none (§5.3) | linear | cosine: x(1 - progress) to 0 at the end
+    fused_adam: bool = True  # one fused kernel for Adam (CPU and CUDA); False = foreach
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"train.precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        if self.lr_decay not in ("none", "linear", "cosine"):
+            raise ConfigError(f"train.lr_decay must be none, linear or cosine, got {self.lr_decay!r}")
+        for k in ("nproc", "max_tokens", "update_freq", "warmup_steps"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"train.{k} must be >= 1, got {getattr(self, k)}")
+        if self.max_steps < 1 and self.time_budget_minutes <= 0:
+            raise ConfigError("train.max_steps must be >= 1 unless train.time_budget_minutes is set")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if len(self.adam_betas) != 2:
+            raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
 
 
 # ----------------------------------------------------------------------------- average
@@ -146,7 +198,8 @@ class DecodeConfig:
     length_penalty: float = 0.6  # §6.1 alpha
     max_len_a: float = 1.0  # max output length = a * src_len + b (§6.1: src + 50)
     max_len_b: int = 50
-    batch_tokens: int = 4096
+    batch_tokens: int = 4096  # source tokens per batch, padding included (x beam_size rows)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | int8 (dynamic quantization of Linears)
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -154,6 +207,15 @@ class DecodeConfig:
 class EvaluateConfig:
     split: str = "test"
     tokenized_bleu: bool = True  # also the paper's tokenized, compound-split BLEU
+
+
+# ----------------------------------------------------------------------------- retrain
+@dataclass
+class RetrainConfig:
+    """Read by flows/retrain.py only; no stage depends on it."""
+
+    margin: float = 0.0  # promote a candidate only if its BLEU beats the champion's by more
+    champion: str = "models/champion.json"  # the champion pointer, tracked by git
 
 
 SECTIONS: dict[str, type] = {
@@ -165,6 +227,7 @@ SECTIONS: dict[str, type] = {
     "average": AverageConfig,
     "decode": DecodeConfig,
     "evaluate": EvaluateConfig,
+    "retrain": RetrainConfig,
 }
 
 

@@ -1,0 +1,39 @@
+"""Peer adapter (decode only) for ../shared/bench/peers: the project's Transformer and beam search.
+
+    cd ../shared/bench/peers
+    PYTHONPATH=/path/to/main python bench.py decode --shape base --beam 4 --peers hf,ct2_f32 \
+        --peer mine=/path/to/main/benchmarks/decode_adapter.py:precision=int8
+
+opts: precision=fp32|bf16|int8 (decode.precision). The harness ids (PAD 0, BOS 1, EOS 2) are
+the project's. Same workload as the peers: one batch, exactly `length` tokens (EOS blocked
+until then, length penalty 1).
+"""
+
+import torch
+
+from transformer.config import DecodeConfig, ModelConfig
+from transformer.decode import Decoder, translate_ids
+from transformer.model import Transformer
+
+
+class Peer:
+    def __init__(self, shape: dict, opts: dict):
+        torch.manual_seed(0)
+        assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
+        cfg = ModelConfig(d_model=shape["d_model"], d_ff=shape["ff"], n_heads=shape["heads"],
+                          n_layers=shape["enc_layers"], dropout=shape["dropout"])
+        self.model = Transformer(cfg, shape["vocab"]).eval()
+        self.precision = opts.get("precision", "fp32")
+        self.dec = Decoder(self.model, self.precision)
+
+    def decode(self, src: list[list[int]], beam: int, length: int) -> list[list[int]]:
+        cfg = DecodeConfig(beam_size=beam, length_penalty=1.0, batch_tokens=1 << 30)
+        return translate_ids(self.dec, src, cfg, min_len=length, max_len=length)
+
+    def info(self) -> dict:
+        n = sum(p.numel() for p in self.model.parameters())
+        return dict(peer="project", precision=self.precision, params=n, torch=torch.__version__)
+
+
+def build(shape: dict, opts: dict) -> Peer:
+    return Peer(shape, opts)

@@ -1,0 +1,90 @@
+"""The pipeline DAG as DVC reads it from dvc.yaml: stages, their upstream stages, their outputs.
+
+There is no copy of the DAG in Python: everything here asks DVC's own index, so a stage added
+to dvc.yaml is scheduled by the flows without a code change. `python -m flows.dag` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    upstream: tuple[str, ...]  # stages whose outputs this one depends on
+    outs: tuple[str, ...]  # every output path, as dvc.yaml names it
+    metrics: tuple[str, ...]  # metrics files among the outputs
+    plots: tuple[str, ...]  # plots files or directories among the outputs
+    uncached: tuple[str, ...]  # outputs with `cache: false` (meant to be tracked by git)
+
+
+def read_dag(project: Path) -> dict[str, Stage]:
+    """The stages of dvc.yaml in topological order (upstream first), as DVC's index sees them."""
+    import networkx as nx
+    from dvc.repo import Repo
+
+    with Repo(str(project)) as repo:
+        graph = repo.index.graph  # edge: stage -> a stage it depends on
+        stages = {}
+        for node in reversed(list(nx.topological_sort(graph))):
+            if not _is_cmd(node):
+                continue
+            outs = node.outs
+            name = _address(node, repo.root_dir)
+            stages[name] = Stage(
+                name=name,
+                upstream=tuple(sorted(_address(u, repo.root_dir) for u in graph.successors(node) if _is_cmd(u))),
+                outs=tuple(str(o.def_path) for o in outs),
+                metrics=tuple(str(o.def_path) for o in outs if o.metric),
+                plots=tuple(str(o.def_path) for o in outs if o.plot),
+                uncached=tuple(str(o.def_path) for o in outs if not o.use_cache),
+            )
+    return stages
+
+
+def _is_cmd(stage) -> bool:
+    return bool(getattr(stage, "cmd", None))  # False for `dvc add`-ed data
+
+
+def _address(stage, root: str) -> str:
+    """The stage's name as `dvc repro` takes it when run from the project root."""
+    dvcfile = os.path.relpath(stage.path, root)
+    return stage.name if dvcfile == "dvc.yaml" else f"{dvcfile}:{stage.name}"
+
+
+def generations(dag: dict[str, Stage]) -> list[list[str]]:
+    """Stages grouped into waves: every stage of a wave only needs stages of earlier waves."""
+    level: dict[str, int] = {}
+    for name, stage in dag.items():  # dag is topologically ordered
+        level[name] = 1 + max((level[u] for u in stage.upstream), default=-1)
+    waves: list[list[str]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for name, n in level.items():
+        waves[n].append(name)
+    return waves
+
+
+def locked_outs(project: Path) -> dict[str, dict[str, str]]:
+    """{stage: {out path: content hash}} from dvc.lock (empty if the pipeline never ran)."""
+    path = Path(project) / "dvc.lock"
+    lock = yaml.safe_load(path.read_text()) if path.exists() else None
+    return {
+        name: {o["path"]: o.get("md5") or o.get("hash", "") for o in entry.get("outs", [])}
+        for name, entry in ((lock or {}).get("stages") or {}).items()
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    project = Path((argv if argv is not None else sys.argv[1:] or ["."])[0])
+    dag = read_dag(project)
+    for i, wave in enumerate(generations(dag)):
+        print(f"{i}: " + ", ".join(f"{s} <- {', '.join(dag[s].upstream) or '-'}" for s in wave))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""A real Prefect server on 127.0.0.1, `python -m flows.serve` processes and toy DVC projects.
+
+Imported by tests/test_flows*.py. The toy project is a real git + DVC repository whose stages
+are quick Python scripts with the real pipeline's stage names, file layout and metrics keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SERVED = "polling for scheduled runs"  # what `serve` prints once its deployments exist
+
+TOY_STAGES = r'''
+import hashlib, json, os, pathlib, sys, time
+import yaml
+
+P = yaml.safe_load(open("params.yaml"))
+stage = sys.argv[1]
+env = os.environ.get
+if env("TOY_RUNLOG"):
+    with open(env("TOY_RUNLOG"), "a") as f:
+        f.write(stage + "\n")
+print(f"toy {stage}: start", flush=True)
+
+def sha(p):
+    return hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest()
+
+def dump(path, obj):
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(path).write_text(json.dumps(obj, indent=1))
+
+def barrier(me, other):  # proves two stages run at once: each waits for the other to start
+    d = env("TOY_BARRIER")
+    if d:
+        pathlib.Path(d, me).touch()
+        for _ in range(600):
+            if pathlib.Path(d, other).exists():
+                return
+            time.sleep(0.05)
+        sys.exit(f"toy {me}: {other} never started alongside")
+
+if stage == "download":  # the "remote" corpus/ is not a DVC dep, like a WMT server
+    fail = env("TOY_FAIL_ONCE")
+    if fail and os.path.exists(fail):
+        os.unlink(fail)
+        sys.exit("toy download: connection reset (simulated)")
+    os.makedirs("data/raw", exist_ok=True)
+    files = {}
+    for split in ("train", "test"):
+        text = pathlib.Path(f"corpus/{split}.txt").read_text()
+        pathlib.Path(f"data/raw/{split}.en").write_text(text)
+        files[split] = {"files": {f"{split}.en": {"sha256": sha(f"data/raw/{split}.en")}}}
+    dump("data/metrics/download.json", {"source": "toy", "splits": files})
+elif stage == "tokenizer":
+    barrier("tokenizer", "stats")
+    words = sorted(set(open("data/raw/train.en").read().split()))
+    os.makedirs("data/tokenizer", exist_ok=True)
+    pathlib.Path("data/tokenizer/tokenizer.json").write_text(json.dumps(words))
+elif stage == "stats":
+    barrier("stats", "tokenizer")
+    dump("data/stats.json", {"lines": len(open("data/raw/train.en").readlines())})
+elif stage == "train":
+    steps = P["train"]["max_steps"]
+    os.makedirs("data/checkpoints", exist_ok=True)
+    pathlib.Path("data/checkpoints/step_00000001.pt").write_text("partial")
+    if env("TOY_STARTED"):
+        pathlib.Path(env("TOY_STARTED")).touch()
+    time.sleep(float(env("TOY_TRAIN_SECONDS", "0")))
+    hold = env("TOY_HOLD")
+    while hold and os.path.exists(hold):
+        time.sleep(0.05)
+    for s in (steps // 2, steps):
+        pathlib.Path(f"data/checkpoints/step_{s:08d}.pt").write_text(f"{s} {sha('data/raw/train.en')}")
+    os.makedirs("data/live/plots/metrics/train", exist_ok=True)
+    pathlib.Path("data/live/plots/metrics/train/loss.tsv").write_text(
+        "step\tloss\n" + "".join(f"{s}\t{10 / s:.3f}\n" for s in range(1, steps + 1)))
+    dump("data/live/metrics.json", {"step": steps, "train": {"loss": 10 / steps}})
+    print(f"toy train: trained {steps} steps", flush=True)
+elif stage == "evaluate":
+    ckpts = sorted(str(p) for p in pathlib.Path("data/checkpoints").glob("step_*.pt"))
+    os.makedirs("data/eval", exist_ok=True)
+    pathlib.Path("data/eval/hyps.test.txt").write_text(open("data/raw/test.en").read())
+    dump("data/metrics/evaluate.json", {
+        "split": "test", "bleu": P["train"]["max_steps"] / 10, "chrf": 50.0,
+        "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1",
+        "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.5.1",
+        "lineage": {"model_sha256": sha(ckpts[-1]), "averaged_checkpoints": ckpts,
+                    "tokenizer_sha256": sha("data/tokenizer/tokenizer.json")}})
+'''
+
+TOY_DVC_YAML = """
+stages:
+  download:
+    cmd: python toy.py download
+    deps: [toy.py]
+    params: [download]
+    outs: [data/raw]
+    metrics: [{data/metrics/download.json: {cache: false}}]
+  tokenizer:
+    cmd: python toy.py tokenizer
+    deps: [data/raw, toy.py]
+    params: [tokenizer]
+    outs: [data/tokenizer]
+  stats:
+    cmd: python toy.py stats
+    deps: [data/raw, toy.py]
+    outs: [data/stats.json]
+  train:
+    cmd: python toy.py train
+    deps: [data/raw, data/tokenizer, toy.py]
+    params: [train]
+    outs: [data/checkpoints]
+    metrics: [{data/live/metrics.json: {cache: false}}]
+    plots: [{data/live/plots/metrics: {x: step, cache: false}}]
+  evaluate:
+    cmd: python toy.py evaluate
+    deps: [data/checkpoints, data/tokenizer, data/raw, toy.py]
+    params: [evaluate]
+    outs: [data/eval]
+    metrics: [{data/metrics/evaluate.json: {cache: false}}]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sh(*cmd: str, cwd: Path, env: dict | None = None, check: bool = True) -> str:
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and r.returncode:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return r.stdout + r.stderr
+
+
+def git_init(path: Path) -> None:
+    sh("git", "init", "-q", "-b", "main", cwd=path)
+    sh("git", "config", "user.email", "t@example.com", cwd=path)
+    sh("git", "config", "user.name", "test", cwd=path)
+
+
+def make_toy(path: Path) -> Path:
+    """A git + DVC project: this checkout's flows/ and config, the toy stages, the demo preset."""
+    path.mkdir(parents=True)
+    shutil.copytree(ROOT / "flows", path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "presets", path / "presets")
+    (path / "transformer").mkdir()
+    for name in ("__init__.py", "config.py", "files.py"):
+        shutil.copy(ROOT / "transformer" / name, path / "transformer" / name)
+    (path / "toy.py").write_text(TOY_STAGES)
+    (path / "dvc.yaml").write_text(TOY_DVC_YAML)
+    (path / ".gitignore").write_text("/data/\n/dvc_plots/\n__pycache__/\n")
+    (path / "corpus").mkdir()
+    (path / "corpus" / "train.txt").write_text("a small corpus\nof toy sentences\n")
+    (path / "corpus" / "test.txt").write_text("a toy test set\n")
+    (path / "models").mkdir()
+    (path / "models" / ".gitkeep").write_text("")
+    sh(sys.executable, "-m", "transformer.config", "preset", "demo", cwd=path)
+    git_init(path)
+    sh(sys.executable, "-m", "dvc", "init", "-q", cwd=path)
+    sh("git", "add", "-A", cwd=path)
+    sh("git", "commit", "-qm", "toy project", cwd=path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real `prefect server start` on 127.0.0.1 with a temporary PREFECT_HOME; its env."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
+        "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "1",
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        for _ in range(1200):
+            assert proc.poll() is None, (home / "server.log").read_text()
+            with contextlib.suppress(OSError):
+                if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                    break
+            time.sleep(0.1)
+        client_env = {**env, "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+                      "PREFECT_LOGGING_LEVEL": "INFO"}
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_HOME: str(home)}):
+            yield client_env
+    finally:
+        stop(proc)
+        log.close()
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Signal the process group and wait; SIGKILL whatever is left after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def served(project: Path, env: dict[str, str], **extra: str) -> Iterator[subprocess.Popen]:
+    """`python -m flows.serve` in `project` until the block ends (or the test kills it)."""
+    log_path = project.parent / f"{project.name}-serve-{time.monotonic_ns()}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.serve"], cwd=project, env={**env, **extra},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            for _ in range(1200):
+                assert proc.poll() is None, log_path.read_text()
+                if SERVED in log_path.read_text():
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"serve never started:\n{log_path.read_text()}")
+            proc.log_path = log_path  # type: ignore[attr-defined]
+            yield proc
+        finally:
+            stop(proc, signal.SIGINT)
+
+
+def deployment_run(env: dict[str, str], name: str, *args: str, watch: bool = True,
+                   cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`prefect deployment run NAME [--watch] ARGS` as a user types it."""
+    cmd = [str(BIN / "prefect"), "deployment", "run", name, *(["--watch"] if watch else []), *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def run_id(cli_output: str) -> str:
+    """The flow run id `prefect deployment run` printed."""
+    for line in cli_output.splitlines():
+        if "UUID:" in line:
+            return line.split("UUID:")[1].strip()
+    raise AssertionError(f"no flow run id in:\n{cli_output}")
+
+
+def dvc_json(project: Path, *args: str):
+    """`dvc ARGS --json`, parsed."""
+    r = subprocess.run([sys.executable, "-m", "dvc", *args, "--json"], cwd=project,
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)

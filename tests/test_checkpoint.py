@@ -1,0 +1,96 @@
+"""Checkpoint round trip and the clear errors: corrupt, foreign, other architecture."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pickle
+
+import pytest
+import torch
+
+from transformer import checkpoint
+from transformer.checkpoint import CheckpointError
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+
+
+def make_ckpt(**cfg_kw) -> tuple[Transformer, dict]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, **cfg_kw})
+    model = Transformer(cfg, 30)
+    ckpt = {"model": model.state_dict(), "model_config": dataclasses.asdict(cfg),
+            "vocab_size": 30, "tokenizer_sha256": "x", "step": 7, "train_seconds": 1.5}
+    return model, ckpt
+
+
+def test_round_trip_builds_identical_model(tmp_path):
+    model, ckpt = make_ckpt()
+    path = checkpoint.step_path(tmp_path, 7)
+    checkpoint.save(path, ckpt)
+    assert path.name == "step_00000007.pt"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # temp renamed away
+    rebuilt = checkpoint.build_model(checkpoint.load(path), path)
+    assert not rebuilt.training
+    src = torch.randint(4, 30, (2, 5))
+    torch.testing.assert_close(rebuilt(src, src), model.eval()(src, src), rtol=0, atol=0)
+
+
+def test_corrupt_file_names_the_file(tmp_path):
+    _, ckpt = make_ckpt()
+    path = tmp_path / "step_00000001.pt"
+    checkpoint.save(path, ckpt)
+    path.write_bytes(path.read_bytes()[:200])  # truncated mid-write by something else
+    with pytest.raises(CheckpointError, match=r"step_00000001\.pt: not a readable checkpoint"):
+        checkpoint.load(path)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"hello")
+    with pytest.raises(CheckpointError, match="junk.pt"):
+        checkpoint.load(junk)
+
+
+def test_not_a_checkpoint_and_unsafe_pickle(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"weights": torch.zeros(2)}, path)
+    with pytest.raises(CheckpointError, match="missing key 'model'"):
+        checkpoint.load(path)
+    torch.save([1, 2], path)
+    with pytest.raises(CheckpointError, match="a list"):
+        checkpoint.load(path)
+    with open(path, "wb") as f:  # arbitrary objects are refused by weights_only=True
+        pickle.dump({"model": argparse.Namespace(cmd="rm -rf /")}, f, protocol=2)
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        checkpoint.load(path)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        checkpoint.load(tmp_path / "missing.pt")
+
+
+def test_other_architecture_names_the_key(tmp_path):
+    _, ckpt = make_ckpt(n_layers=3)
+    path = tmp_path / "other.pt"
+    checkpoint.save(path, ckpt)
+    model, _ = make_ckpt()
+    with pytest.raises(CheckpointError, match=r"other\.pt: model_config\.n_layers is 3"):
+        checkpoint.load_weights(model, checkpoint.load(path), path)
+    _, ckpt = make_ckpt()
+    ckpt["model"]["decoder.0.ff.w1.weight"] = torch.zeros(5, 5)  # same config, bad tensor
+    with pytest.raises(CheckpointError, match=r"model\.decoder\.0\.ff\.w1\.weight has shape"):
+        checkpoint.load_weights(model, ckpt, path)
+    ckpt["vocab_size"] = 31
+    with pytest.raises(CheckpointError, match="vocab_size is 31"):
+        checkpoint.load_weights(model, ckpt, path)
+
+
+def test_bad_stored_config_and_listing(tmp_path):
+    _, ckpt = make_ckpt()
+    ckpt["model_config"]["d_model"] = 15
+    with pytest.raises(CheckpointError, match="divisible"):
+        checkpoint.build_model(ckpt, "x.pt")
+    ckpt["model_config"]["colour"] = "red"
+    with pytest.raises(CheckpointError, match="model_config.colour"):
+        checkpoint.build_model(ckpt, "x.pt")
+    for s in (30, 4, 100):
+        (tmp_path / f"step_{s:08d}.pt").touch()
+    (tmp_path / "step_x.pt").touch()
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
+        "step_00000004.pt", "step_00000030.pt", "step_00000100.pt"]

@@ -1,0 +1,163 @@
+"""Beam search: beam 1 is greedy, the cache changes nothing, input order, bad input, the CLI."""
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import checkpoint, decode
+from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig
+from transformer.decode import Decoder, DecodeError, beam_search, load_translator, translate_ids
+from transformer.model import Transformer
+from transformer.tokenizer import EOS_ID, save_tokenizer, tokenizer_sha256, train_tokenizer
+
+V = 24
+LINES = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song",
+         "two cats and a dog", "the sun is warm today", "we read a good book",
+         "she likes green tea", "the train is late again"]
+
+
+def copy_batch(gen: torch.Generator, n: int):
+    """The annotated transformer's copy task: target = source, lengths 2..8."""
+    src, tgt_in, tgt_out = (torch.zeros(n, 10, dtype=torch.long) for _ in range(3))
+    for i in range(n):
+        L = int(torch.randint(2, 9, (1,), generator=gen))
+        x = torch.randint(4, V, (L,), generator=gen)
+        src[i, :L], src[i, L] = x, EOS_ID
+        tgt_in[i, 0], tgt_in[i, 1 : L + 1] = 1, x
+        tgt_out[i, :L], tgt_out[i, L] = x, EOS_ID
+    return src[:, :9], tgt_in, tgt_out
+
+
+@pytest.fixture(scope="module")
+def copy_model() -> Transformer:
+    """A model trained briefly on copying: it ends hypotheses at different lengths (real EOS)."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, dropout=0.0), V)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(120):
+        src, tgt_in, tgt_out = copy_batch(gen, 32)
+        loss, _ = model.loss(src, tgt_in, tgt_out, 0.0)
+        opt.zero_grad()
+        (loss / tgt_out.ne(0).sum()).backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def sources() -> torch.Tensor:
+    return copy_batch(torch.Generator().manual_seed(7), 16)[0]
+
+
+def naive_greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[list[int]]:
+    """Greedy decoding one sentence at a time, recomputing the whole prefix (no cache)."""
+    out = []
+    with torch.no_grad():
+        for row in src:
+            s = row[row.ne(0)][None]  # (1, S) unpadded
+            ys = torch.tensor([[1]])
+            for _ in range(max_len):
+                lp = model(s, ys)[0, -1].log_softmax(-1)
+                lp[[0, 1]] = float("-inf")  # PAD and BOS are never generated
+                nxt = int(lp.argmax())
+                if nxt == EOS_ID:
+                    break
+                ys = torch.cat([ys, torch.tensor([[nxt]])], 1)
+            out.append(ys[0, 1:].tolist())
+    return out
+
+
+def test_beam_1_equals_greedy(copy_model, sources):
+    cap = torch.full((len(sources),), 12)
+    got = beam_search(Decoder(copy_model), sources, beam_size=1, max_len=cap)
+    assert got == naive_greedy(copy_model, sources, 12)
+    assert len({len(h) for h in got}) > 2  # hypotheses really end at different steps
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_cache_gives_the_same_output_as_recomputing(copy_model, sources, beam_size):
+    dec, cap = Decoder(copy_model), torch.full((len(sources),), 12)
+    cached = beam_search(dec, sources, beam_size, 0.6, cap, use_cache=True)
+    full = beam_search(dec, sources, beam_size, 0.6, cap, use_cache=False)
+    assert cached == full
+
+
+def test_beam_search_finds_better_scores_than_greedy(copy_model, sources):
+    dec = Decoder(copy_model)
+    greedy = beam_search(dec, sources, 1, 0.0)
+    beam = beam_search(dec, sources, 4, 0.0)
+
+    def logp(i, hyp):  # log P(hyp + EOS | src), the α=0 beam score
+        tgt = torch.tensor([[1] + hyp])
+        lp = copy_model(sources[i : i + 1], tgt)[0].log_softmax(-1)
+        return float(lp.gather(1, torch.tensor(hyp + [EOS_ID])[:, None]).sum())
+
+    with torch.no_grad():
+        assert all(logp(i, b) >= logp(i, g) - 1e-4 for i, (b, g) in enumerate(zip(beam, greedy)))
+
+
+def test_lengths_are_bounded_and_order_is_kept(copy_model, sources):
+    dec, srcs = Decoder(copy_model), [r[r.ne(0)].tolist() for r in sources]
+    cfg = DecodeConfig(beam_size=4, max_len_a=0.0, max_len_b=3)
+    assert all(len(h) <= 3 for h in translate_ids(dec, srcs, cfg))
+    forced = translate_ids(dec, srcs, cfg, min_len=5, max_len=5)
+    assert all(len(h) == 5 for h in forced)  # the benchmark's fixed-length mode
+    cfg = DecodeConfig(beam_size=4)
+    one_batch = translate_ids(dec, srcs, cfg)
+    tiny_batches = translate_ids(dec, srcs, DecodeConfig(beam_size=4, batch_tokens=10))
+    alone = [translate_ids(dec, [s], cfg)[0] for s in srcs]
+    assert one_batch == tiny_batches == alone
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_fast_modes_mostly_agree_with_fp32(copy_model, sources, precision):
+    srcs = [r[r.ne(0)].tolist() for r in sources]
+    ref = translate_ids(Decoder(copy_model), srcs, DecodeConfig())
+    got = translate_ids(Decoder(copy_model, precision), srcs, DecodeConfig())
+    assert sum(a == b for a, b in zip(ref, got)) >= len(srcs) // 2
+
+
+# ----------------------------------------------------------------------------- text and CLI
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("decode")
+    (d / "train.txt").write_text("\n".join(LINES) + "\n")
+    tok = train_tokenizer([d / "train.txt"], TokenizerConfig(vocab_size=300, min_frequency=1))
+    save_tokenizer(tok, d / "tok", {})
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, max_positions=32)
+    model = Transformer(cfg, tok.get_vocab_size())
+    checkpoint.save(d / "model.pt", {
+        "model": model.state_dict(), "model_config": asdict(cfg), "step": 1, "train_seconds": 0.0,
+        "vocab_size": tok.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(d / "tok")})
+    return d / "model.pt", d / "tok"
+
+
+def test_empty_lines_and_long_lines(model_files, capsys):
+    tr = load_translator(*model_files, DecodeConfig(beam_size=2, max_len_b=4))
+    long = " ".join(LINES)  # > 32 tokens, the model's max_positions
+    out = tr.translate(["the cat", "", "   ", long, "a dog"])
+    assert len(out) == 5 and out[1] == out[2] == "" and out[0] and out[3]
+    assert "line 4:" in capsys.readouterr().err  # truncated, with a warning naming the line
+    with pytest.raises(DecodeError, match="line 2: .* more than the model's 32"):
+        tr.translate(["a dog", long], on_long="error")
+
+
+def test_cli_translates_a_file(model_files, tmp_path):
+    model, tok = model_files
+    src = tmp_path / "in.txt"
+    src.write_text("the cat sat\n\nwe read a book\n")
+    out = tmp_path / "out.txt"
+    decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o", str(out),
+                 "--beam-size", "1", "--no-progress", "--params", str(tmp_path / "none.yaml")])
+    lines = out.read_text().split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_cli_rejects_a_file_that_is_not_a_checkpoint(model_files, tmp_path):
+    bogus = tmp_path / "model.pt"
+    bogus.write_text("hello")
+    with pytest.raises(SystemExit, match=r"error: .*model\.pt: not a readable checkpoint"):
+        decode.main(["--model", str(bogus), "--tokenizer", str(model_files[1])])

@@ -1,0 +1,461 @@
+"""The download stage end to end: every source, the cleaning counts, faults and atomicity."""
+
+import gzip
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transformer import download, wmt
+from transformer.config import DownloadConfig, SourceSpec
+from transformer.files import sha256_file
+from transformer.wmt import SourceError
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"real data not found at {DATA}")
+
+
+def run_cli(tmp_path, download_section: dict) -> tuple[Path, dict]:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"download": download_section}))
+    out, manifest = tmp_path / "raw", tmp_path / "download.json"
+    download.main([str(out), "--manifest", str(manifest), "--params", str(params)])
+    return out, json.loads(manifest.read_text())
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def local(tmp_path, **splits) -> dict:
+    return {"source": "local", "cache_dir": str(tmp_path / "cache"), "splits": splits}
+
+
+# ----------------------------------------------------------------------------- synthetic
+def test_synthetic_cli_writes_splits_and_manifest(tmp_path):
+    syn = {"train": 300, "valid": 40, "test": 40, "seed": 2}
+    out, m = run_cli(tmp_path, {"source": "synthetic", "synthetic": syn})
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        en, de = lines(out / f"{split}.en"), lines(out / f"{split}.de")
+        assert len(en) == len(de) == n == m["splits"][split]["kept"]
+        assert m["splits"][split]["files"][f"{split}.de"]["sha256"] == sha256_file(
+            out / f"{split}.de"
+        )
+    assert not set(lines(out / "train.en")) & set(lines(out / "test.en"))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_synthetic_de_en_swaps_sides(tmp_path):
+    syn = {"train": 20, "valid": 5, "test": 5}
+    out, _ = run_cli(
+        tmp_path, {"source": "synthetic", "src_lang": "de", "tgt_lang": "en", "synthetic": syn}
+    )
+    assert any("Euro" in s or " am " in s or "dass" in s for s in lines(out / "train.de"))
+
+
+def test_unknown_source_lists_valid(tmp_path):
+    with pytest.raises(SystemExit, match="unknown download.source 'ftp'.*synthetic, local"):
+        run_cli(tmp_path, {"source": "ftp"})
+
+
+# ----------------------------------------------------------------------------- local files
+def test_local_text_cleaning_counts(tmp_path, caplog):
+    write(
+        tmp_path / "t.en",
+        b"Hello  world\nsame\nsame\n\nbad\xff\none two three four\nvalid one\nCafe\xcc\x81\n",
+    )
+    write(tmp_path / "t.de", b"Hallo Welt\ngleich\ngleich\nleer\nschlecht\neins\ngilt eins\nx\n")
+    write(tmp_path / "v.en", "valid one\n")
+    write(tmp_path / "v.de", "anders\n")
+    cfg = local(
+        tmp_path,
+        train=[{"path": str(tmp_path / "t.{lang}")}],
+        valid=[{"src": str(tmp_path / "v.en"), "tgt": str(tmp_path / "v.de")}],
+        test=[{"path": str(tmp_path / "v.{lang}")}],
+    )
+    with caplog.at_level(logging.WARNING, "transformer.download"):
+        out, m = run_cli(tmp_path, cfg)
+    d = m["splits"]["train"]["dropped"]
+    assert (d["duplicate"], d["empty"], d["invalid_utf8"], d["ratio"], d["eval_overlap"]) == (
+        1,
+        1,
+        1,
+        1,
+        1,
+    )
+    assert lines(out / "train.en") == ["Hello world", "same", "Café"]  # NFC, spaces collapsed
+    assert m["splits"]["train"]["read"] == 8 and m["splits"]["train"]["kept"] == 3
+    assert "t.en: line 5: invalid UTF-8" in caplog.text or "line 5: invalid UTF-8" in caplog.text
+    assert list(m["splits"]["train"]["parts"]) == ["t"]
+
+
+def test_misaligned_files_error_and_nothing_written(tmp_path):
+    write(tmp_path / "a.en", "1\n2\n3\n")
+    write(tmp_path / "a.de", "1\n2\n")
+    cfg = local(tmp_path, **{s: [{"path": str(tmp_path / "a.{lang}")}] for s in download.SPLITS})
+    with pytest.raises(SystemExit) as e:
+        run_cli(tmp_path, cfg)
+    msg = str(e.value)
+    assert "a.en has 3 lines" in msg and "a.de has 2" in msg
+    assert not (tmp_path / "raw").exists() and not (tmp_path / "download.json").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".raw")]
+
+
+def test_unknown_split_and_format_are_listed(tmp_path):
+    with pytest.raises(SourceError, match="unknown split download.splits.dev .*train, valid, test"):
+        download.download(DownloadConfig(source="local", splits={"dev": []}), tmp_path / "o")
+    bad = {s: [SourceSpec(path="x", format="csv")] for s in download.SPLITS}
+    with pytest.raises(SourceError, match="unknown 'csv' .*text, sgm, tsv, jsonl, hf"):
+        download.download(DownloadConfig(source="local", splits=bad), tmp_path / "o")
+
+
+def test_tsv_jsonl_gz_formats(tmp_path):
+    write(tmp_path / "t.tsv", "a b\tx y\nno tab here\nc d\te f\n")
+    rows = [
+        {"translation": {"en": "one", "de": "eins"}},
+        {"translation": {"en": "two", "de": "zwei"}},
+    ]
+    write(tmp_path / "v.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
+    with gzip.open(tmp_path / "te.en.gz", "wt") as f:
+        f.write("gz line\n")
+    with gzip.open(tmp_path / "te.de.gz", "wt") as f:
+        f.write("gz Zeile\n")
+    cfg = local(
+        tmp_path,
+        train=[{"path": str(tmp_path / "t.tsv"), "format": "tsv"}],
+        valid=[{"path": str(tmp_path / "v.jsonl"), "format": "jsonl"}],
+        test=[{"path": str(tmp_path / "te.{lang}.gz")}],
+    )
+    out, m = run_cli(tmp_path, cfg)
+    assert lines(out / "train.de") == ["x y", "e f"]
+    assert m["splits"]["train"]["dropped"]["malformed"] == 1
+    assert (
+        lines(out / "valid.de") == ["eins", "zwei"]
+        and m["splits"]["valid"]["dropped"]["malformed"] == 1
+    )
+    assert lines(out / "test.de") == ["gz Zeile"]
+
+
+def test_jsonl_unknown_pair_lists_languages(tmp_path):
+    write(tmp_path / "v.jsonl", json.dumps({"translation": {"en": "a", "fr": "b"}}) + "\n")
+    spec = [SourceSpec(path=str(tmp_path / "v.jsonl"), format="jsonl")]
+    cfg = DownloadConfig(source="local", splits={s: spec for s in download.SPLITS})
+    with pytest.raises(SourceError, match="no 'de' in translation .*en, fr"):
+        download.download(cfg, tmp_path / "o")
+
+
+SGM = """<srcset setid="newstest2013" srclang="any">
+<doc sysid="ref" docid="a" genre="news" origlang="en">
+<p>
+<seg id="1">A  first  sentence.</seg>
+<seg id="2">Second &amp; last.</seg>
+</p>
+</doc>
+</srcset>
+"""
+
+
+def test_sgm_parsed_as_sacrebleu(tmp_path):
+    write(tmp_path / "n-src.en.sgm", SGM)
+    write(
+        tmp_path / "n-ref.de.sgm",
+        SGM.replace("A  first", "Ein erster").replace("Second", "Zweiter"),
+    )
+    spec = {
+        "src": str(tmp_path / "n-src.en.sgm"),
+        "tgt": str(tmp_path / "n-ref.de.sgm"),
+        "format": "sgm",
+    }
+    cfg = {
+        **local(tmp_path, train=[spec], valid=[spec], test=[spec]),
+        "clean": {"drop_eval_overlap": False},
+    }
+    out, _ = run_cli(tmp_path, cfg)
+    assert lines(out / "test.en") == ["A first sentence.", "Second &amp; last."]  # no unescape
+    assert lines(out / "test.de") == ["Ein erster sentence.", "Zweiter &amp; last."]
+
+
+# ----------------------------------------------------------------------------- http + archives
+def tarball(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+NC_EN = "".join(f"news sentence number {i} here\n" for i in range(3000)).encode()
+NC_DE = "".join(f"Nachrichtensatz Nummer {i} hier\n" for i in range(3000)).encode()
+TGZ = tarball(
+    {
+        "training/nc-v9.de-en.en": NC_EN,
+        "training/nc-v9.de-en.de": NC_DE,
+        "dev/newstest2013-src.en.sgm": SGM.encode(),
+        "dev/newstest2013-ref.de.sgm": SGM.replace("first", "erster").encode(),
+    }
+)
+
+
+class Server:
+    """WMT-like files on 127.0.0.1 with Range support and scripted faults per path."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.faults, self.ranges = files, {}, []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                server.ranges.append((self.path, self.headers.get("Range")))
+                data = server.files.get(self.path)
+                fault = (server.faults.get(self.path) or [None]).pop(0) if data else None
+                if data is None:
+                    return self.send_error(404)
+                if fault == "500":
+                    return self.send_error(500)
+                start = int(self.headers["Range"][6:-1]) if self.headers.get("Range") else 0
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                body = data[start:]
+                if fault == "drop":  # half the body, then the connection goes away
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def server():
+    s = Server({"/wmt14/nc.tgz": TGZ, "/wmt14/plain.en": b"hi\n"})
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+def wmt_cfg(tmp_path, url, sha="", retries=3) -> dict:
+    part = lambda **kw: {"path": f"{url}/wmt14/nc.tgz", "sha256": sha, **kw}
+    return {
+        "source": "wmt",
+        "cache_dir": str(tmp_path / "cache"),
+        "retries": retries,
+        "backoff": 0.01,
+        "timeout": 5.0,
+        "splits": {
+            "train": [part(src="training/nc-v9.de-en.{lang}")],
+            "valid": [
+                part(
+                    src="dev/newstest2013-src.en.sgm",
+                    tgt="dev/newstest2013-ref.de.sgm",
+                    format="sgm",
+                )
+            ],
+            "test": [
+                part(
+                    src="dev/newstest2013-src.en.sgm",
+                    tgt="dev/newstest2013-ref.de.sgm",
+                    format="sgm",
+                )
+            ],
+        },
+    }
+
+
+def test_wmt_tarball_over_http_with_drop_and_500s(tmp_path, server):
+    server.faults["/wmt14/nc.tgz"] = ["500", "drop", "500"]
+    import hashlib
+
+    out, m = run_cli(tmp_path, wmt_cfg(tmp_path, server.url, hashlib.sha256(TGZ).hexdigest()))
+    assert lines(out / "train.en")[:2] == [
+        "news sentence number 0 here",
+        "news sentence number 1 here",
+    ]
+    assert m["splits"]["train"]["kept"] == 3000 and m["splits"]["test"]["kept"] == 2
+    ranges = [r for p, r in server.ranges if p == "/wmt14/nc.tgz"]
+    assert ranges == [None, None, f"bytes={len(TGZ) // 2}-", f"bytes={len(TGZ) // 2}-"]  # resumed
+    assert lines(out / "valid.de")[0] == "A erster sentence."
+
+
+def test_http_failure_keeps_part_then_resumes(tmp_path, server):
+    server.faults["/wmt14/nc.tgz"] = ["drop", "500", "500"]
+    with pytest.raises(SystemExit, match=r"nc.tgz: download failed after 3 attempts .*\.part"):
+        run_cli(tmp_path, wmt_cfg(tmp_path, server.url, retries=2))
+    downloads = tmp_path / "cache" / "downloads"
+    (part,) = downloads.iterdir()
+    assert part.name.endswith(".part") and part.stat().st_size == len(TGZ) // 2
+    assert not (tmp_path / "raw").exists()
+    out, _ = run_cli(tmp_path, wmt_cfg(tmp_path, server.url))  # no faults left: resumes
+    assert server.ranges[-1] == ("/wmt14/nc.tgz", f"bytes={len(TGZ) // 2}-")
+    assert len(lines(out / "train.de")) == 3000
+
+
+def test_checksum_mismatch_removes_download(tmp_path, server):
+    with pytest.raises(SystemExit, match="nc.tgz: sha256 mismatch: expected 00+, got"):
+        run_cli(tmp_path, wmt_cfg(tmp_path, server.url, sha="0" * 64))
+    assert list((tmp_path / "cache" / "downloads").iterdir()) == []
+    assert not (tmp_path / "raw").exists()
+
+
+def test_http_404_is_not_retried(tmp_path, server):
+    with pytest.raises(SourceError, match="missing.tgz: HTTP 404"):
+        wmt.fetch(f"{server.url}/missing.tgz", tmp_path, retries=3, backoff=5.0)
+    assert len(server.ranges) == 1
+
+
+def test_truncated_archive_and_missing_member(tmp_path):
+    bad = write(tmp_path / "bad.tgz", TGZ[: len(TGZ) // 2])
+    with pytest.raises(SourceError, match="bad.tgz: truncated or corrupt archive"):
+        wmt.extract(bad, ["training/nc-v9.de-en.zz"], tmp_path / "x")
+    good = write(tmp_path / "good.tgz", TGZ)
+    with pytest.raises(SourceError, match="no member nope .*training/nc-v9.de-en.en"):
+        wmt.extract(good, ["nope"], tmp_path / "y")
+
+
+def test_unsafe_members_refused(tmp_path):
+    with pytest.raises(SourceError, match="unsafe member path"):
+        wmt.extract(write(tmp_path / "a.tgz", TGZ), ["../escape"], tmp_path / "x")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        link = tarfile.TarInfo("evil.en")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(SourceError, match="evil.en is a link"):
+        wmt.extract(write(tmp_path / "l.tgz", buf.getvalue()), ["evil.en"], tmp_path / "y")
+    assert not (tmp_path / "y" / "evil.en").exists()
+
+
+# ----------------------------------------------------------------------------- hugging face
+def hub_replica(root: Path) -> Path:
+    """A folder laid out like the wmt/wmt14 Hub repo: README configs + parquet per split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "de-en").mkdir(parents=True)
+    for split, n in (("train", 50), ("validation", 5), ("test", 6)):
+        rows = [{"de": f"{split} Satz {i}", "en": f"{split} sentence {i}"} for i in range(n)]
+        pq.write_table(
+            pa.table({"translation": rows}), root / "de-en" / f"{split}-00000-of-00001.parquet"
+        )
+    card = {
+        "configs": [
+            {
+                "config_name": "de-en",
+                "data_files": [
+                    {"split": s, "path": f"de-en/{s}-*"} for s in ("train", "validation", "test")
+                ],
+            }
+        ]
+    }
+    write(root / "README.md", f"---\n{yaml.safe_dump(card)}---\n# replica\n")
+    return root
+
+
+def test_hf_local_replica(tmp_path):
+    repo = hub_replica(tmp_path / "hub")
+    out, m = run_cli(
+        tmp_path,
+        {
+            "source": "hf",
+            "hf_path": str(repo),
+            "hf_name": "de-en",
+            "hf_cache_dir": str(tmp_path / "hfcache"),
+        },
+    )
+    assert lines(out / "test.en")[0] == "test sentence 0" and len(lines(out / "test.de")) == 6
+    assert m["splits"]["train"]["kept"] == 50 and "hf:" in next(iter(m["splits"]["valid"]["parts"]))
+
+
+def test_hf_unknown_config_is_reported(tmp_path):
+    repo = hub_replica(tmp_path / "hub")
+    cfg = DownloadConfig(
+        source="hf", hf_path=str(repo), hf_name="xx-yy", hf_cache_dir=str(tmp_path / "c")
+    )
+    with pytest.raises(SourceError, match="xx-yy.*de-en"):
+        download.download(cfg, tmp_path / "o")
+
+
+def test_hf_offline_not_cached_fails_fast(tmp_path):
+    params = write(
+        tmp_path / "p.yaml",
+        yaml.safe_dump({"download": {"source": "hf", "hf_cache_dir": str(tmp_path / "empty")}}),
+    )
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "home"),
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "transformer.download",
+            str(tmp_path / "o"),
+            "--params",
+            str(params),
+        ],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert "error: hf dataset wmt/wmt14" in r.stderr and "HF_DATASETS_OFFLINE" in r.stderr
+
+
+# ----------------------------------------------------------------------------- real data
+@needs_data
+def test_multi30k_preset_real_text(tmp_path):
+    preset = yaml.safe_load((ROOT / "presets" / "multi30k-en-de.yaml").read_text())["download"]
+    for specs in preset["splits"].values():  # the preset's paths are relative to the repo root
+        for s in specs:
+            s["path"] = str(ROOT / s["path"])
+    out, m = run_cli(tmp_path, {**preset, "cache_dir": str(tmp_path / "c")})
+    assert m["splits"]["test"]["kept"] == 1000 and m["splits"]["valid"]["kept"] == 1014
+    assert 28000 < m["splits"]["train"]["kept"] <= 29000
+    assert lines(out / "test.en")[0] == lines(DATA / "multi30k" / "test_2016_flickr.en")[0].strip()
+
+
+@needs_data
+def test_noisy_wmt_sample_and_newstest(tmp_path):
+    ws, nt = DATA / "wmt-sample", DATA / "newstest2013"
+    cfg = local(
+        tmp_path,
+        train=[{"path": str(ws / "train.tok.{lang}")}],
+        valid=[{"path": str(nt / "newstest2013.{lang}")}],
+        test=[{"path": str(nt / "newstest2013.{lang}")}],
+    )
+    out, m = run_cli(tmp_path, cfg)
+    t = m["splits"]["train"]
+    assert t["read"] == 10000 and t["kept"] == len(lines(out / "train.en")) < 10000
+    assert t["dropped"]["ratio"] > 0 and t["read"] == t["kept"] + sum(t["dropped"].values())
+    assert m["splits"]["test"]["kept"] == 3000  # test sets are kept whole
+    assert all(s.strip() == s and "  " not in s for s in lines(out / "train.en"))

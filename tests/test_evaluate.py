@@ -1,0 +1,133 @@
+"""Scoring: BLEU equals the sacrebleu CLI's, t2t compound splitting, the stage's files and lineage."""
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from transformer import average, checkpoint, evaluate
+from transformer.config import ModelConfig, TokenizerConfig
+from transformer.evaluate import TOK_BLEU, score, tokenize_compound_split
+from transformer.model import Transformer
+from transformer.tokenizer import save_tokenizer, tokenizer_sha256, train_tokenizer
+
+LINES = ["Ein Hund läuft im Park.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
+         "Das Kind isst einen Apfel.", "Ein Mann fährt Fahrrad.", "Die Katze schläft.",
+         "Ein Mädchen singt ein Lied.", "Drei Leute warten am Bahnhof."]
+
+
+def sacrebleu_cli(ref: Path, hyp: Path, *extra: str) -> dict:
+    """The `sacrebleu` console script beside this Python, JSON output (argument list, no shell)."""
+    exe = shutil.which("sacrebleu", path=str(Path(sys.executable).parent)) or "sacrebleu"
+    out = subprocess.run([exe, str(ref), "-i", str(hyp), "-f", "json", "-w", "4", *extra],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def perturb(lines: list[str], seed: int = 0) -> list[str]:
+    """System-like output: some words dropped or swapped, so BLEU lands well between 0 and 100."""
+    rng, out = random.Random(seed), []
+    for line in lines:
+        w = line.split()
+        if len(w) > 3 and rng.random() < 0.5:
+            del w[rng.randrange(len(w))]
+        if len(w) > 3 and rng.random() < 0.5:
+            i = rng.randrange(len(w) - 1)
+            w[i], w[i + 1] = w[i + 1], w[i]
+        out.append(" ".join(w))
+    return out
+
+
+def test_bleu_and_chrf_equal_the_sacrebleu_cli(shared_data, tmp_path):
+    refs = (shared_data / "multi30k" / "val.de").read_text(encoding="utf-8").splitlines()[:300]
+    hyps = perturb(refs)
+    (tmp_path / "ref.de").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    (tmp_path / "hyp.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    ours = score(hyps, refs, "de", tokenized_bleu=False)
+    cli = sacrebleu_cli(tmp_path / "ref.de", tmp_path / "hyp.de", "-m", "bleu", "-l", "en-de")
+    assert 20 < ours["bleu"] < 95
+    assert ours["bleu"] == cli["score"] and ours["bleu_signature"] == cli["signature"]
+    chrf = sacrebleu_cli(tmp_path / "ref.de", tmp_path / "hyp.de", "-m", "chrf")
+    assert ours["chrf"] == chrf["score"] and ours["chrf_signature"] == chrf["signature"]
+
+
+def test_compound_splitting_follows_get_ende_bleu():
+    got = tokenize_compound_split(["Ein rich-text-Format, a-b-c “gut” & schnell."], "de")
+    # what `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'` prints after tokenizer.perl -l de:
+    # matches don't overlap, so in "a-b-c" the second hyphen stays
+    assert got == ["Ein rich ##AT##-##AT## text ##AT##-##AT## Format , a ##AT##-##AT## b-c "
+                   "&quot; gut &quot; &amp; schnell ."]
+    hyps, refs = ["Das E-Mail-Programm ist neu."], ["Das E-Mail-Programm ist neu ."]
+    s = score(hyps, refs, "de")
+    assert s[TOK_BLEU] == 100.0 and s["bleu"] == 100.0 and "get_ende_bleu" in s[TOK_BLEU + "_method"]
+    s = score(["Das E Mail Programm ist neu."], refs, "de")
+    assert s[TOK_BLEU] < 100.0
+
+
+@pytest.fixture(scope="module")
+def stage_inputs(tmp_path_factory) -> Path:
+    """raw/{valid,test}.{en,de}, a tokenizer, two checkpoints, params.yaml: a tiny pipeline."""
+    d = tmp_path_factory.mktemp("evaluate")
+    raw = d / "raw"
+    raw.mkdir()
+    for split in ("valid", "test"):
+        (raw / f"{split}.de").write_text("\n".join(LINES) + "\n", encoding="utf-8")
+        (raw / f"{split}.en").write_text("\n".join(LINES[::-1]) + "\n", encoding="utf-8")
+    tok = train_tokenizer([raw / "valid.de"], TokenizerConfig(vocab_size=300, min_frequency=1))
+    save_tokenizer(tok, d / "tokenizer", {})
+    cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
+    for step in (1, 2):
+        torch.manual_seed(step)
+        checkpoint.save(d / "ckpts" / f"step_{step:08d}.pt", {
+            "model": Transformer(cfg, tok.get_vocab_size()).state_dict(),
+            "model_config": asdict(cfg), "vocab_size": tok.get_vocab_size(), "step": step,
+            "train_seconds": float(step), "tokenizer_sha256": tokenizer_sha256(d / "tokenizer")})
+    (d / "params.yaml").write_text(yaml.safe_dump({
+        "average": {"last_k": 2}, "evaluate": {"split": "test"},
+        "decode": {"beam_size": 2, "max_len_b": 5}}))
+    return d
+
+
+def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
+    d = stage_inputs
+    params = ["--params", str(d / "params.yaml")]
+    average.main([str(d / "ckpts"), str(d / "model.pt"), *params])
+    evaluate.main([str(d / "model.pt"), str(d / "tokenizer"), str(d / "raw"), str(d / "eval"),
+                   "--metrics", str(d / "metrics.json"), "--no-progress", *params])
+    m = json.loads((d / "metrics.json").read_text())
+    hyps = d / "eval" / "hyps.test.txt"
+    assert len(hyps.read_text(encoding="utf-8").split("\n")) == len(LINES) + 1
+    assert m["split"] == "test" and m["beam_size"] == 2 and m["n_sentences"] == len(LINES)
+    assert m["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert {"chrf", TOK_BLEU, "chrf_signature"} <= set(m)
+    assert m["lineage"]["averaged_steps"] == [1, 2]
+    assert m["lineage"]["tokenizer_sha256"] == tokenizer_sha256(d / "tokenizer")
+    assert m["bleu"] == sacrebleu_cli(d / "raw" / "test.de", hyps, "-m", "bleu")["score"]
+
+
+def test_several_splits_and_beams_from_the_cli(stage_inputs, tmp_path):
+    d = stage_inputs
+    evaluate.main([str(d / "ckpts" / "step_00000001.pt"), str(d / "tokenizer"), str(d / "raw"),
+                   str(tmp_path), "--split", "valid", "test", "--beam-size", "1", "3",
+                   "--metrics", str(tmp_path / "m.json"), "--no-progress",
+                   "--params", str(d / "params.yaml")])
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert {"valid.beam1", "test.beam1", "valid.beam3", "test.beam3", "lineage"} == set(m)
+    assert m["test.beam3"]["beam_size"] == 3 and (tmp_path / "hyps.valid.beam1.txt").exists()
+    assert m["lineage"]["averaged_steps"] == []
+
+
+def test_bad_inputs_are_named(stage_inputs, tmp_path):
+    d = stage_inputs
+    args = [str(d / "tokenizer"), str(d / "raw"), str(tmp_path), "--params", str(d / "params.yaml")]
+    with pytest.raises(SystemExit, match=r"error: .*params\.yaml: not a readable checkpoint"):
+        evaluate.main([str(d / "params.yaml"), *args])
+    with pytest.raises(SystemExit, match=r"error: .*nosuch\.en: no such file"):
+        evaluate.main([str(d / "model.pt"), *args, "--split", "nosuch"])

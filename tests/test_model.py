@@ -1,0 +1,134 @@
+"""Model properties: causality, padding invariance, cache == full decode, loss == reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer.config import ConfigError, ModelConfig
+from transformer.model import Transformer, label_smoothed_loss, sinusoids
+
+V = 40
+
+
+def tiny(**kw) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, **kw)
+    return Transformer(cfg, V).eval()
+
+
+def batch(B=3, S=7, T=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (B, S), generator=g)
+    tgt = torch.randint(4, V, (B, T), generator=g)
+    src[0, S - 2:] = 0  # right padding, as collate builds it
+    tgt[1, T - 3:] = 0
+    return src, tgt
+
+
+def test_shapes_and_tied_embeddings():
+    m = tiny()
+    src, tgt = batch()
+    assert m(src, tgt).shape == (3, 6, V)
+    assert m.output_weight is m.src_embed.weight and m.tgt_embed is None  # §3.4
+    untied = tiny(tie_embeddings=False)
+    assert untied.output_weight is not untied.src_embed.weight
+    assert len(untied.state_dict()) == len(m.state_dict()) + 2
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_future_targets_do_not_change_earlier_outputs(pre_ln):
+    m = tiny(pre_ln=pre_ln)
+    src, tgt = batch()
+    a = m(src, tgt)
+    tgt2 = tgt.clone()
+    tgt2[:, 3] = (tgt2[:, 3] + 1) % (V - 4) + 4
+    b = m(src, tgt2)
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert not torch.allclose(a[:, 3:], b[:, 3:])
+
+
+def test_padding_does_not_change_outputs():
+    m = tiny()
+    src, tgt = batch()
+    a = m(src[2:3], tgt[2:3])
+    pad = torch.zeros(1, 4, dtype=torch.long)
+    b = m(torch.cat([src[2:3], pad], 1), torch.cat([tgt[2:3], pad], 1))
+    torch.testing.assert_close(a, b[:, : tgt.size(1)], atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_cache_matches_full_decode_and_reorders():
+    m = tiny()
+    src, tgt = batch()
+    full = m(src, tgt)
+    memory, mask = m.encode(src)
+    cache: dict = {}
+    steps = [m.decode(tgt[:, t : t + 1], memory, mask, cache) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    cache = {}  # blocks of several new positions at once
+    a = m.decode(tgt[:, :2], memory, mask, cache)
+    b = m.decode(tgt[:, 2:], memory, mask, cache)
+    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-5)
+    # reorder: rows (2, 0, 0) continue as sentences 2, 0, 0 would
+    cache = {}
+    m.decode(tgt[:, :3], memory, mask, cache)
+    idx = torch.tensor([2, 0, 0])
+    m.reorder_cache(cache, idx)
+    nxt = m.decode(tgt[idx, 3:4], memory, mask, cache)
+    torch.testing.assert_close(nxt, full[idx, 3:4], atol=1e-5, rtol=1e-5)
+
+
+def test_label_smoothed_loss_matches_cross_entropy_and_grad():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, V, generator=g, requires_grad=True)
+    y = torch.randint(1, V, (12,), generator=g)
+    y[[2, 7]] = 0
+    loss, nll = label_smoothed_loss(x, y, 0.1)
+    ref = F.cross_entropy(x, y, ignore_index=0, label_smoothing=0.1, reduction="sum")
+    ref_nll = F.cross_entropy(x, y, ignore_index=0, reduction="sum")
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, ref_nll)
+    (grad,) = torch.autograd.grad(loss + 0.5 * nll, x)
+    (ref_grad,) = torch.autograd.grad(ref + 0.5 * ref_nll, x)
+    torch.testing.assert_close(grad, ref_grad)
+
+
+def test_model_loss_equals_forward_plus_loss():
+    m = tiny()
+    m.train(False)
+    src, tgt = batch()
+    tgt_out = torch.roll(tgt, -1, 1)
+    tgt_out[tgt == 0] = 0
+    a = m.loss(src, tgt, tgt_out, 0.1)
+    b = label_smoothed_loss(m(src, tgt), tgt_out, 0.1)
+    torch.testing.assert_close(a, b)
+
+
+def test_sinusoids_and_embedding_scale():
+    pe = sinusoids(50, 16)
+    torch.testing.assert_close(pe[0, 1::2], torch.ones(8))  # cos(0) = 1
+    torch.testing.assert_close(pe[7, 0], torch.sin(torch.tensor(7.0)))
+    m = tiny()
+    with pytest.raises(ValueError, match="max_positions"):
+        m(torch.ones(1, 2000, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+
+
+def test_impossible_config_and_presets():
+    with pytest.raises(ConfigError, match="divisible by model.n_heads"):
+        ModelConfig(d_model=30, n_heads=4)
+    with pytest.raises(ConfigError, match="dropout"):
+        ModelConfig(dropout=1.5)
+    big = ModelConfig.preset("big")
+    assert (big.d_model, big.d_ff, big.n_heads, big.dropout) == (1024, 4096, 16, 0.3)
+    with pytest.raises(ConfigError, match="available: base, big"):
+        ModelConfig.preset("huge")
+
+
+def test_bf16_autocast_runs_and_stays_close():
+    m = tiny()
+    src, tgt = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lo = m(src, tgt)
+    assert lo.dtype == torch.bfloat16
+    torch.testing.assert_close(lo.float(), m(src, tgt), atol=0.1, rtol=0.1)

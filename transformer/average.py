@@ -1,0 +1,175 @@
+"""Average the last k checkpoints into one model (paper §6.1), like fairseq's average_checkpoints.py.
+
+    python -m transformer.average data/checkpoints data/model.pt
+    python -m transformer.average a.pt b.pt c.pt --out avg.pt      # explicit inputs
+
+It streams: one checkpoint is open at a time (memory-mapped, so an optimizer state it carries
+is never read) plus one fp32 accumulator. The output holds the averaged weights in the
+checkpoints' dtype, the model config, and the list of checkpoints it averaged; no optimizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from transformer import config
+from transformer.config import AverageConfig, ConfigError
+from transformer.files import atomic_write, sha256_file
+
+STEP_RE = re.compile(r"step_(\d+)\.pt$")
+# what must agree between checkpoints for their weights to be averaged
+SIGNATURE_KEYS = ("model_config", "vocab_size", "tokenizer_sha256")
+
+
+class AverageError(ValueError):
+    """A problem with the input checkpoints, naming the file."""
+
+
+def load_checkpoint(path: Path) -> dict:
+    """torch.load the checkpoint at `path` lazily (mmap), raising AverageError if it isn't ours."""
+    try:
+        # mmap: tensors are read from disk only when touched, so "optimizer" costs nothing
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except FileNotFoundError:
+        raise AverageError(f"{path}: no such checkpoint") from None
+    except Exception as e:  # a truncated file, a pickle that isn't weights-only, not a zip
+        raise AverageError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    missing = [k for k in ("model", *SIGNATURE_KEYS) if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise AverageError(f"{path}: not a transformer checkpoint (missing key {missing[0]!r})")
+    return ckpt
+
+
+def _signature(ckpt: dict) -> tuple:
+    shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in ckpt["model"].items())
+    return tuple(repr(ckpt[k]) for k in SIGNATURE_KEYS) + (shapes,)
+
+
+def _describe(a: tuple, b: tuple) -> str:
+    """Which part of two signatures differs, in words."""
+    for name, x, y in zip((*SIGNATURE_KEYS, "weights (names/shapes/dtypes)"), a, b):
+        if x != y:
+            return f"{name} {_short(y)} vs {_short(x)}"
+    return "?"
+
+
+def _short(x) -> str:
+    s = str(x)
+    return s if len(s) < 120 else s[:117] + "..."
+
+
+def check_compatible(paths: list[Path]) -> None:
+    """All checkpoints share one architecture, vocabulary and tokenizer; else name the odd one out."""
+    sigs = {p: _signature(load_checkpoint(p)) for p in paths}
+    majority, _ = Counter(sigs.values()).most_common(1)[0]
+    for p, sig in sigs.items():
+        if sig != majority:
+            ref = next(q for q, s in sigs.items() if s == majority)
+            raise AverageError(f"{p}: differs from {ref.name}: {_describe(majority, sig)}")
+
+
+def average_checkpoints(paths: list[Path]) -> dict:
+    """The element-wise mean of the "model" weights at `paths`, as a weights-only checkpoint."""
+    if not paths:
+        raise AverageError("no checkpoints to average")
+    paths = [Path(p) for p in paths]
+    check_compatible(paths)
+    acc: dict[str, torch.Tensor] = {}
+    averaged = []
+    for p in paths:
+        ckpt = load_checkpoint(p)
+        for k, v in ckpt["model"].items():
+            if not v.is_floating_point():  # integer buffers can't be averaged: all must agree
+                if k in acc and not torch.equal(acc[k], v):
+                    raise AverageError(f"{p}: integer tensor {k} differs from {paths[0].name}")
+                acc[k] = v.clone()
+            elif k in acc:
+                acc[k].add_(v.float())  # fp32 accumulator, whatever the checkpoint dtype
+            else:
+                acc[k] = v.float().clone()  # clone: never write into the mmap'd file
+        averaged.append(
+            {
+                "path": p.name,
+                "step": int(ckpt.get("step", -1)),
+                "train_seconds": float(ckpt.get("train_seconds", 0.0)),
+                "sha256": sha256_file(p),
+            }
+        )
+        last = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")}
+        dtypes = {k: v.dtype for k, v in ckpt["model"].items()}
+        del ckpt  # one checkpoint at a time
+    model = {
+        k: (v.div_(len(paths)).to(dtypes[k]) if v.is_floating_point() else v) for k, v in acc.items()
+    }
+    return {**last, "model": model, "averaged": averaged}
+
+
+def _step(p: Path) -> int:
+    return int(STEP_RE.search(p.name).group(1))
+
+
+def select_checkpoints(ckpt_dir: Path, cfg: AverageConfig) -> list[Path]:
+    """The last `cfg.last_k` step_*.pt files, oldest first; `by: time` keeps them spaced apart."""
+    paths = sorted((p for p in ckpt_dir.glob("step_*.pt") if STEP_RE.search(p.name)), key=_step)
+    if not paths:
+        raise AverageError(f"{ckpt_dir}: no step_*.pt checkpoints")
+    if cfg.by == "steps":
+        chosen = paths[-cfg.last_k :]
+    elif cfg.by == "time":
+        # §6.1 wrote checkpoints at 10-minute intervals: walk back from the newest, keeping one
+        # only if it is at least interval_minutes of training older than the last one kept
+        chosen, last_t = [], float("inf")
+        for p in reversed(paths):
+            t = float(load_checkpoint(p).get("train_seconds", 0.0))
+            if last_t - t >= cfg.interval_minutes * 60:
+                chosen.insert(0, p)
+                last_t = t
+            if len(chosen) == cfg.last_k:
+                break
+    else:
+        raise ConfigError(f"average.by must be 'steps' or 'time', got {cfg.by!r}")
+    if len(chosen) < cfg.last_k:
+        print(
+            f"warning: averaging {len(chosen)} checkpoints, fewer than average.last_k={cfg.last_k}",
+            file=sys.stderr,
+        )
+    return chosen
+
+
+def save(ckpt: dict, out: Path) -> None:
+    with atomic_write(out) as f:
+        torch.save(ckpt, f)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m transformer.average", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", type=Path, nargs="+",
+                        help="a checkpoint directory (step_*.pt, chosen by params `average`) "
+                        "and the output path; or checkpoint files with --out")
+    parser.add_argument("--out", type=Path, help="output path when the inputs are files")
+    parser.add_argument("--params", type=Path, default=config.PARAMS)
+    args = parser.parse_args(argv)
+    try:
+        if args.out is None and len(args.inputs) == 2 and args.inputs[0].is_dir():
+            paths = select_checkpoints(args.inputs[0], config.load(AverageConfig, "average", args.params))
+            out = args.inputs[1]
+        elif args.out is not None and not any(p.is_dir() for p in args.inputs):
+            paths, out = args.inputs, args.out
+        else:
+            parser.error("give CKPT_DIR OUT, or CKPT.pt [CKPT.pt ...] --out OUT")
+        ckpt = average_checkpoints(paths)
+        save(ckpt, out)
+    except (AverageError, ConfigError) as e:
+        sys.exit(f"error: {e}")
+    print(f"{out}: average of {', '.join(a['path'] for a in ckpt['averaged'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Greedy and batched beam search with incremental decoding (§6.1), and the translate CLI.
+
+    python -m transformer.decode --model data/model.pt --tokenizer data/tokenizer < in.en > out.de
+    transformer-translate --model data/model.pt --tokenizer data/tokenizer -i in.en -o out.de
+
+The encoder runs once per batch; the decoder caches each layer's self-attention keys/values and
+computes the cross-attention keys/values once per sentence (model.decode's cache). Sentences whose
+beams have all finished leave the batch. Greedy decoding is beam_size=1 on the same path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from transformer import config
+from transformer.checkpoint import CheckpointError, build_model
+from transformer.checkpoint import load as load_checkpoint
+from transformer.config import ConfigError, DecodeConfig
+from transformer.files import atomic_write
+from transformer.model import Transformer
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerError, load_tokenizer, tokenizer_sha256
+
+NEG_INF = float("-inf")
+
+
+class DecodeError(ValueError):
+    """A problem with decoding inputs (model file, tokenizer, input line), naming it."""
+
+
+# ----------------------------------------------------------------------------- the model side
+class Decoder:
+    """A model prepared for inference in one precision: fp32, bf16 (autocast) or int8.
+
+    int8 is dynamic quantization of every Linear (weights int8 once, activations per call) and of
+    the tied output projection, which is an F.linear on the embedding matrix in model.py.
+    """
+
+    def __init__(self, model: Transformer, precision: str = "fp32"):
+        if precision not in ("fp32", "bf16", "int8"):
+            raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
+        self.model, self.precision = model.eval(), precision
+        self.max_positions = model.cfg.max_positions
+        W = model.output_weight.detach()  # (V, D)
+        self.out = nn.Linear(W.size(1), W.size(0), bias=False)
+        self.out.weight = nn.Parameter(W, requires_grad=False)
+        if precision == "int8":
+            qd = torch.ao.quantization.quantize_dynamic
+            self.model = qd(model, {nn.Linear}, dtype=torch.qint8)
+            self.out = qd(nn.Sequential(self.out), {nn.Linear}, dtype=torch.qint8)
+
+    def autocast(self):
+        on = self.precision == "bf16"
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=on)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        return self.model.encode(src)
+
+    def step(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, cache: dict | None) -> Tensor:
+        """Log-probabilities (B, V), fp32, of the token after `tgt_in`'s last position."""
+        h = self.model.decode_features(tgt_in, memory, src_pad_mask, cache)[:, -1]  # (B, D)
+        return self.out(h).float().log_softmax(-1)  # only the last position is projected to V
+
+
+def length_penalty(length: int | Tensor, alpha: float):
+    """GNMT (Wu et al. 2016) lp(Y) = ((5 + |Y|) / 6)^α; scores are log P(Y|X) / lp(Y) (§6.1 α)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.inference_mode()
+def beam_search(dec: Decoder, src: Tensor, beam_size: int = 4, alpha: float = 0.6,
+                max_len: Tensor | None = None, min_len: int = 0,
+                use_cache: bool = True) -> list[list[int]]:
+    """Best hypothesis per source row of `src` (B, S), as token ids without BOS/EOS.
+
+    `max_len` (B,) caps each output (default S + 50, §6.1); a hypothesis reaching it ends there.
+    `min_len` blocks EOS before that many tokens. `use_cache=False` recomputes the whole prefix
+    at every step (the reference the cache is tested against).
+    """
+    B, k = src.size(0), beam_size
+    if max_len is None:
+        max_len = src.ne(PAD_ID).sum(1) + 50
+    max_len = max_len.clamp(max=dec.max_positions).tolist()
+    with dec.autocast():
+        memory, src_pad_mask = dec.encode(src)
+    memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, D): beams of a sentence are adjacent
+    src_pad_mask = src_pad_mask.repeat_interleave(k, dim=0)  # (B*k, S)
+    rows = list(range(B))  # the original sentence of each active row
+    tokens = torch.full((B * k, 1), BOS_ID, dtype=torch.long)  # (N*k, t+1)
+    scores = torch.full((B, k), NEG_INF)
+    scores[:, 0] = 0.0  # all beams start identical: only the first one is live at step 0
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    cache: dict | None = {} if use_cache else None
+    for t in range(max(max_len, default=0)):
+        with dec.autocast():
+            lprobs = dec.step(tokens[:, -1:] if use_cache else tokens, memory, src_pad_mask, cache)
+        lprobs[:, PAD_ID] = lprobs[:, BOS_ID] = NEG_INF
+        if t < min_len:
+            lprobs[:, EOS_ID] = NEG_INF
+        N, V = len(rows), lprobs.size(1)
+        cand = (scores[:, :, None] + lprobs.view(N, k, V)).view(N, k * V)  # (N, k*V)
+        # 2k candidates: even if k of them end in EOS, k others remain to continue (fairseq)
+        top, idx = cand.topk(min(2 * k, k * V), dim=1)  # (N, 2k)
+        beam, tok = idx // V, idx % V
+        eos = tok.eq(EOS_ID) & top.isfinite()
+        for n, j in eos[:, :k].nonzero().tolist():  # EOS among the k best: a finished hypothesis
+            hyp = tokens[n * k + beam[n, j], 1:].tolist()
+            finished[rows[n]].append((top[n, j].item() / length_penalty(t + 1, alpha), hyp))
+        top, order = top.masked_fill(eos, NEG_INF).topk(k, dim=1)  # (N, k) best continuations
+        beam, tok = beam.gather(1, order), tok.gather(1, order)
+        origin = (torch.arange(N)[:, None] * k + beam).view(-1)  # (N*k,) row each beam comes from
+        tokens = torch.cat([tokens[origin], tok.view(-1, 1)], dim=1)  # (N*k, t+2)
+        scores = top
+        done = []
+        for n, r in enumerate(rows):
+            if t + 1 >= max_len[r]:  # out of length: the live beams end here, without EOS
+                lp = length_penalty(t + 1, alpha)
+                finished[r] += [(scores[n, j].item() / lp, tokens[n * k + j, 1:].tolist())
+                                for j in range(k) if scores[n, j].isfinite()]
+            done.append(len(finished[r]) >= k or t + 1 >= max_len[r])
+        if all(done):
+            break
+        keep, beam_keep = torch.tensor([not d for d in done]), None
+        if not keep.all():  # drop finished sentences: later steps cost only the live ones
+            rows = [r for r, d in zip(rows, done) if not d]
+            scores = scores[keep]
+            beam_keep = keep.repeat_interleave(k)  # (N*k,)
+            tokens, origin = tokens[beam_keep], origin[beam_keep]
+        if use_cache:
+            reorder_cache(dec.model, cache, origin, beam_keep)
+        else:
+            memory, src_pad_mask = memory[origin], src_pad_mask[origin]
+    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+
+
+def reorder_cache(model: Transformer, cache: dict, origin: Tensor, beam_keep: Tensor | None):
+    """Follow the beams: self-attention K/V by `origin` (N'*k,) at every step; the cross-attention
+    K/V and source mask, equal across a sentence's beams, only when sentences leave (`beam_keep`).
+
+    This reads model.py's cache layout; any other layout falls back to model.reorder_cache.
+    """
+    layers = cache.get("layers")
+    if not layers or not all({"k", "v", "ck", "cv"} == set(lc) for lc in layers):
+        return model.reorder_cache(cache, origin)
+    for lc in layers:
+        lc["k"], lc["v"] = lc["k"].index_select(0, origin), lc["v"].index_select(0, origin)
+        if beam_keep is not None:
+            lc["ck"], lc["cv"] = lc["ck"][beam_keep], lc["cv"][beam_keep]  # (N'*k, h, S, d_k)
+    if beam_keep is not None:
+        cache["src_pad_mask"] = cache["src_pad_mask"][beam_keep]
+    return cache
+
+
+def batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
+    """Indices sorted by length, cut into batches of at most batch_tokens source tokens (padded)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) + 1) * lengths[i] > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def translate_ids(dec: Decoder, srcs: list[list[int]], cfg: DecodeConfig,
+                  min_len: int = 0, max_len: int | None = None,
+                  progress: bool = False) -> list[list[int]]:
+    """Decode id lists (each ending in EOS) in length-sorted batches; results in input order.
+
+    An empty source gives an empty output without touching the model.
+    """
+    out: list[list[int]] = [[] for _ in srcs]
+    todo = [i for i, s in enumerate(srcs) if len(s) > 1 or (s and s[0] != EOS_ID)]
+    bar = tqdm(total=len(srcs), unit="sent", disable=not progress, file=sys.stderr)
+    bar.update(len(srcs) - len(todo))
+    for b in batches([len(srcs[i]) for i in todo], cfg.batch_tokens):
+        ids = [todo[j] for j in b]
+        S = max(len(srcs[i]) for i in ids)
+        src = torch.full((len(ids), S), PAD_ID, dtype=torch.long)  # (B, S)
+        for row, i in enumerate(ids):
+            src[row, : len(srcs[i])] = torch.tensor(srcs[i])
+        lens = src.ne(PAD_ID).sum(1)
+        if max_len is None:  # §6.1: input length + 50
+            cap = (lens * cfg.max_len_a).long() + cfg.max_len_b
+        else:
+            cap = torch.full_like(lens, max_len)
+        hyps = beam_search(dec, src, cfg.beam_size, cfg.length_penalty, cap, min_len)
+        for i, h in zip(ids, hyps):
+            out[i] = h
+        bar.update(len(ids))
+    bar.close()
+    return out
+
+
+# ----------------------------------------------------------------------------- the text side
+@dataclass
+class Translator:
+    """A checkpoint plus its tokenizer: text lines in, text lines out."""
+
+    dec: Decoder
+    tokenizer: object  # tokenizers.Tokenizer
+    cfg: DecodeConfig
+    max_src: int  # source tokens (EOS included) the model can take
+
+    def encode(self, lines: list[str], on_long: str = "truncate") -> list[list[int]]:
+        """Token ids (EOS appended) per line; an over-long line is truncated or rejected by number."""
+        out = []
+        encoded = self.tokenizer.encode_batch_fast([line.strip() for line in lines])
+        for n, (line, enc) in enumerate(zip(lines, encoded), 1):
+            if not line.strip():  # empty line in, empty line out
+                out.append([])
+                continue
+            ids = enc.ids
+            if len(ids) + 1 > self.max_src:
+                msg = f"line {n}: {len(ids) + 1} tokens, more than the model's {self.max_src}"
+                if on_long == "error":
+                    raise DecodeError(msg)
+                print(f"warning: {msg}; truncated", file=sys.stderr)
+                ids = ids[: self.max_src - 1]
+            out.append(ids + [EOS_ID])
+        return out
+
+    def translate(self, lines: list[str], progress: bool = False,
+                  on_long: str = "truncate") -> list[str]:
+        """Translate lines; an empty line gives an empty line."""
+        hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
+        return [self.tokenizer.decode(h, skip_special_tokens=True) if h else "" for h in hyps]
+
+
+def load_translator(model_path: Path, tokenizer_dir: Path, cfg: DecodeConfig,
+                    precision: str = "fp32") -> Translator:
+    """Build the model from its checkpoint and check the tokenizer is the one it was trained with."""
+    ckpt = load_checkpoint(model_path)
+    model = build_model(ckpt, model_path)
+    tok = load_tokenizer(tokenizer_dir)
+    want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
+    if want and want != got:
+        raise DecodeError(f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
+                          f"{model_path} was trained with ({want[:12]})")
+    if tok.get_vocab_size() != model.vocab_size:
+        raise DecodeError(f"{tokenizer_dir}: vocabulary of {tok.get_vocab_size()} tokens, "
+                          f"{model_path} has {model.vocab_size}")
+    return Translator(Decoder(model, precision), tok, cfg, model.cfg.max_positions)
+
+
+def read_lines(path: Path | None) -> list[str]:
+    if path is None:
+        return sys.stdin.read().splitlines()
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DecodeError(f"{path}: cannot read ({e})") from None
+
+
+def write_lines(path: Path | None, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path is None:
+        sys.stdout.write(text)
+    else:
+        with atomic_write(Path(path), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> None:
+    """The params.yaml `decode` overrides shared by the translate and evaluate CLIs."""
+    parser.add_argument("--params", type=Path, default=config.PARAMS,
+                        help="params.yaml whose sections give the defaults")
+    parser.add_argument("--beam-size", type=int, nargs="+" if multi else None,
+                        help="beam size(s) (1 = greedy); default: params decode.beam_size")
+    parser.add_argument("--length-penalty", type=float, help="GNMT alpha; default: params")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), help="default: params")
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    cfg = config.load(DecodeConfig, "decode", args.params) if args.params.exists() else DecodeConfig()
+    beam = args.beam_size[0] if isinstance(args.beam_size, list) else args.beam_size
+    over = {"beam_size": beam, "length_penalty": args.length_penalty, "precision": args.precision}
+    cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    for k in args.beam_size if isinstance(args.beam_size, list) else [cfg.beam_size]:
+        if k < 1:
+            raise ConfigError(f"beam size must be >= 1, got {k}")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="transformer-translate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="checkpoint (trained or averaged)")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory")
+    parser.add_argument("-i", "--input", type=Path, help="source text, one sentence a line; default stdin")
+    parser.add_argument("-o", "--output", type=Path, help="translations; default stdout")
+    parser.add_argument("--on-long", choices=("truncate", "error"), default="truncate",
+                        help="a line longer than the model's max_positions: truncate (warn) or fail")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_decode_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = decode_config(args)
+        tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision)
+        lines = read_lines(args.input)
+        write_lines(args.output, tr.translate(lines, not args.no_progress, args.on_long))
+    except (DecodeError, CheckpointError, ConfigError, TokenizerError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

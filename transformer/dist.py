@@ -1,0 +1,94 @@
+"""The only module importing torch.distributed: process-group setup and the few collectives.
+
+Launched by `torchrun`, each process reads RANK / WORLD_SIZE / LOCAL_RANK from the environment
+(single node: `--standalone --nproc_per_node=N`; multi-node: `--nnodes --rdzv_endpoint ...`).
+Without torchrun it is one process with no process group, and every helper is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def init() -> tuple[int, int, torch.device]:
+    """(rank, world_size, device); NCCL with one GPU per process when CUDA exists, gloo on CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=30))
+    return rank, world, device
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_dist() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_dist() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    if is_main():
+        print(*args, **kwargs, flush=True)
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP when there are several processes, else the model itself."""
+    if not is_dist():
+        return model
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum over processes (a no-op alone)."""
+    if is_dist():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """[obj of rank 0, obj of rank 1, ...]; [obj] alone."""
+    if not is_dist():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def destroy() -> None:
+    if is_dist():
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s obj on every rank; obj itself alone."""
+    if not is_dist():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

@@ -1,0 +1,166 @@
+"""Translate a split and score it: sacreBLEU and chrF (with signatures), plus the paper's BLEU.
+
+    python -m transformer.evaluate data/model.pt data/tokenizer data/raw data/eval \
+        --metrics data/metrics/evaluate.json
+    python -m transformer.evaluate data/model.pt data/tokenizer data/raw data/eval-greedy \
+        --split valid test --beam-size 1 4 --metrics data/metrics/greedy-vs-beam.json
+
+`bleu` is detokenized sacreBLEU, the number to compare across papers today. The paper's
+27.3/28.4 (Table 2) are tensor2tensor's get_ende_bleu.sh: Moses-tokenized, compounds split
+as "a ##AT##-##AT## b", multi-bleu.perl; that is `bleu_tok_compound_split`, comparable only to
+numbers computed the same way. Hypotheses go to OUT_DIR/hyps.{split}.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from transformer import config
+from transformer.checkpoint import CheckpointError
+from transformer.checkpoint import load as load_checkpoint
+from transformer.config import ConfigError, DecodeConfig, DownloadConfig, EvaluateConfig
+from transformer.decode import (DecodeError, Translator, add_decode_args, decode_config,
+                                load_translator, write_lines)
+from transformer.files import atomic_write, sha256_file
+from transformer.tokenizer import TokenizerError
+
+TOK_BLEU = "bleu_tok_compound_split"
+TOK_BLEU_METHOD = (
+    "tensor2tensor get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG "
+    "(sacremoses), compounds split as ##AT##-##AT##, multi-bleu.perl (sacreBLEU tokenize=none); "
+    "comparable to the paper's 27.3/28.4, not to sacreBLEU"
+)
+COMPOUND = re.compile(r"(\S)-(\S)")  # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
+
+
+def tokenize_compound_split(lines: list[str], lang: str) -> list[str]:
+    """get_ende_bleu.sh's preprocessing of hypotheses and references, line by line."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    norm, tok = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    out = []
+    for line in lines:
+        t = tok.tokenize(norm.replace_unicode_punct(line), return_str=True, escape=True)
+        out.append(COMPOUND.sub(r"\1 ##AT##-##AT## \2", t))
+    return out
+
+
+def score(hyps: list[str], refs: list[str], tgt_lang: str, tokenized_bleu: bool = True) -> dict:
+    """Corpus BLEU and chrF with their sacreBLEU signatures; optionally the paper's tokenized BLEU."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    bleu, chrf = BLEU(trg_lang=tgt_lang), CHRF()
+    out = {
+        "bleu": round(bleu.corpus_score(hyps, [refs]).score, 4),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf": round(chrf.corpus_score(hyps, [refs]).score, 4),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+    if tokenized_bleu:
+        # multi-bleu.perl: BLEU on the given tokens, no smoothing, no further tokenization
+        tb = BLEU(tokenize="none", force=True, smooth_method="none")
+        h, r = tokenize_compound_split(hyps, tgt_lang), tokenize_compound_split(refs, tgt_lang)
+        out[TOK_BLEU] = round(tb.corpus_score(h, [r]).score, 4)
+        out[TOK_BLEU + "_method"] = TOK_BLEU_METHOD
+    return out
+
+
+def lineage(model_path: Path, tokenizer_dir: Path) -> dict:
+    """Which model (and which checkpoints it averages) and which tokenizer produced the numbers."""
+    ckpt = load_checkpoint(model_path)
+    averaged = ckpt.get("averaged") or []
+    return {
+        "model": str(model_path),
+        "model_sha256": sha256_file(model_path),
+        "step": int(ckpt["step"]),
+        "averaged_checkpoints": [a["path"] for a in averaged],
+        "averaged_steps": [a["step"] for a in averaged],
+        "tokenizer_sha256": sha256_file(Path(tokenizer_dir) / "tokenizer.json"),
+    }
+
+
+def read_split(raw_dir: Path, split: str, lang: str) -> list[str]:
+    path = Path(raw_dir) / f"{split}.{lang}"
+    if not path.is_file():
+        raise DecodeError(f"{path}: no such file (evaluate.split / --split {split!r}?)")
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def evaluate_split(tr: Translator, raw_dir: Path, out_dir: Path, split: str, langs: tuple,
+                   ev: EvaluateConfig, hyps_name: str, progress: bool = True) -> dict:
+    """Translate raw_dir/{split}.{src}, save the hypotheses, score them against {split}.{tgt}."""
+    src, refs = (read_split(raw_dir, split, lang) for lang in langs)
+    if len(src) != len(refs):
+        raise DecodeError(f"{raw_dir}: {split}.{langs[0]} has {len(src)} lines, "
+                          f"{split}.{langs[1]} has {len(refs)}")
+    t0 = time.perf_counter()
+    hyps = tr.translate(src, progress=progress)
+    seconds = time.perf_counter() - t0
+    write_lines(out_dir / hyps_name, hyps)
+    cfg = tr.cfg
+    return {
+        "split": split, "n_sentences": len(src),
+        **score(hyps, refs, langs[1], ev.tokenized_bleu),
+        "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
+        "precision": cfg.precision, "hyps": hyps_name,
+        "decode_seconds": round(seconds, 2),
+        "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    ev = config.load(EvaluateConfig, "evaluate", args.params)
+    dl = config.load(DownloadConfig, "download", args.params)
+    base: DecodeConfig = decode_config(args)
+    splits, beams = args.split or [ev.split], args.beam_size or [base.beam_size]
+    langs = (dl.src_lang, dl.tgt_lang)
+    runs = {}
+    tr = load_translator(args.model, args.tokenizer, base, base.precision)
+    for k in beams:
+        tr = replace(tr, cfg=replace(base, beam_size=k))
+        for split in splits:
+            tag = split if len(beams) == 1 else f"{split}.beam{k}"
+            runs[tag] = evaluate_split(tr, args.raw_dir, args.out_dir, split, langs, ev,
+                                       f"hyps.{tag}.txt", not args.no_progress)
+            r = runs[tag]
+            print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} tokenized compound-split "
+                  f"BLEU {r.get(TOK_BLEU, float('nan')):.2f}", file=sys.stderr)
+    # one run: a flat record (what dvc metrics show lists); several: one record per tag
+    out = next(iter(runs.values())) if len(runs) == 1 else runs
+    return {**out, "lineage": lineage(args.model, args.tokenizer)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m transformer.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", type=Path, help="checkpoint (trained or averaged)")
+    parser.add_argument("tokenizer", type=Path, help="tokenizer directory")
+    parser.add_argument("raw_dir", type=Path, help="folder with {split}.{src_lang,tgt_lang}")
+    parser.add_argument("out_dir", type=Path, help="where hyps.{split}.txt are written")
+    parser.add_argument("--metrics", type=Path, help="metrics JSON to write")
+    parser.add_argument("--split", nargs="+", help="split(s) to score; default: evaluate.split")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_decode_args(parser, multi=True)
+    args = parser.parse_args(argv)
+    try:
+        metrics = run(args)
+    except (DecodeError, CheckpointError, ConfigError, TokenizerError) as e:
+        sys.exit(f"error: {e}")
+    text = json.dumps(metrics, indent=2, ensure_ascii=False) + "\n"
+    if args.metrics:
+        with atomic_write(args.metrics, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

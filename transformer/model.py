@@ -1,0 +1,297 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), in paper order.
+
+Encoder-decoder, post-LN residual blocks (§3.1), scaled dot-product multi-head attention through
+`F.scaled_dot_product_attention` (§3.2), position-wise FFN (§3.3), shared embeddings scaled by
+√d_model (§3.4), sinusoidal positions (§3.5), dropout on sub-layer outputs and on
+embeddings + positions (§5.4), label smoothing (§5.4). `decode` supports an incremental cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer.config import ModelConfig
+
+PAD_ID = 0  # architecture.md; tokenizer.py holds the same constant
+
+
+def sinusoids(n_pos: int, d_model: int) -> Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)."""
+    pos = torch.arange(n_pos, dtype=torch.float32)[:, None]
+    inv = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2).float() / d_model)
+    pe = torch.zeros(n_pos, d_model)
+    pe[:, 0::2] = torch.sin(pos * inv)
+    pe[:, 1::2] = torch.cos(pos * inv)
+    return pe  # (n_pos, D)
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2: h heads of scaled dot-product attention; Q, K, V projections fused into one GEMM."""
+
+    def __init__(self, cfg: ModelConfig, cross: bool):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads, self.d_k, self.cross = cfg.n_heads, d // cfg.n_heads, cross
+        self.p_attn = cfg.attention_dropout
+        # self-attention: one (3D, D) projection; cross: Q from the decoder, (2D, D) K/V from memory
+        self.q_proj = nn.Linear(d, d) if cross else None
+        self.in_proj = nn.Linear(d, 2 * d if cross else 3 * d)
+        self.out_proj = nn.Linear(d, d)  # W^O
+        for w in (self.in_proj.weight.chunk(2 if cross else 3)) + (
+            (self.q_proj.weight,) if cross else ()
+        ):
+            nn.init.xavier_uniform_(w)  # per D x D block, as if the projections were separate
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for lin in (self.in_proj, self.out_proj) + ((self.q_proj,) if cross else ()):
+            nn.init.zeros_(lin.bias)
+
+    def split(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        p = self.p_attn if self.training else 0.0
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        B, h, T, d_k = o.shape
+        return self.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, D)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """Self-attention over x (B, T, D); `mask` (B, 1, 1|T, T) bool, True = attend."""
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
+        return self.attend(self.split(q), self.split(k), self.split(v), mask, causal)
+
+    def cross_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.in_proj(memory).chunk(2, dim=-1)  # 2 x (B, S, D)
+        return self.split(k), self.split(v)  # (B, h, S, d_k)
+
+
+class FeedForward(nn.Module):
+    """§3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        # nn.Identity when off: a p=0 dropout still costs a pass over (B, T, d_ff)
+        self.drop = nn.Dropout(cfg.activation_dropout) if cfg.activation_dropout else nn.Identity()
+        for lin in (self.w1, self.w2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.drop(F.relu(self.w1(x))))
+
+
+class Residual(nn.Module):
+    """§3.1 LayerNorm(x + Dropout(Sublayer(x))); pre-LN: x + Dropout(Sublayer(LayerNorm(x)))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm, self.drop = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout)
+        self.pre_ln = cfg.pre_ln
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_ln:
+            return x + self.drop(sublayer(self.norm(x)))
+        return self.norm(x + self.drop(sublayer(x)))  # §5.4 residual dropout
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn, self.ff = MultiHeadAttention(cfg, cross=False), FeedForward(cfg)
+        self.res1, self.res2 = Residual(cfg), Residual(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.res1(x, lambda y: self.self_attn(y, mask))
+        return self.res2(x, self.ff)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, cross=False)
+        self.cross_attn = MultiHeadAttention(cfg, cross=True)
+        self.ff = FeedForward(cfg)
+        self.res1, self.res2, self.res3 = Residual(cfg), Residual(cfg), Residual(cfg)
+
+    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mem_mask: Tensor,
+                cache: dict | None, self_mask: Tensor | None) -> Tensor:
+        x = self.res1(x, lambda y: self.self_sublayer(y, cache, self_mask))
+        ca = self.cross_attn
+        x = self.res2(x, lambda y: ca.attend(ca.split(ca.q_proj(y)), *kv, mem_mask, False))
+        return self.res3(x, self.ff)
+
+    def self_sublayer(self, y: Tensor, cache: dict | None, self_mask: Tensor | None) -> Tensor:
+        sa = self.self_attn
+        if cache is None:
+            # right-padded targets: the causal mask alone keeps real queries off pad keys (§3.2.3)
+            return sa(y, causal=True)
+        q, k, v = (sa.split(t) for t in sa.in_proj(y).chunk(3, dim=-1))  # (B, h, t, d_k)
+        if "k" in cache:  # append this step's keys/values to the earlier positions'
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v  # (B, h, t_total, d_k)
+        causal = self_mask is None and q.size(2) == k.size(2) and q.size(2) > 1
+        return sa.attend(q, k, v, self_mask, causal)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; ids follow architecture.md (PAD_ID = 0)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg, self.vocab_size = cfg, vocab_size
+        D = cfg.d_model
+        # §3.4: shared source/target/output matrix, N(0, d^-0.5) so that √d·E has unit scale
+        self.src_embed = nn.Embedding(vocab_size, D, padding_idx=PAD_ID)
+        nn.init.normal_(self.src_embed.weight, 0.0, D**-0.5)
+        nn.init.zeros_(self.src_embed.weight[PAD_ID].data)
+        if cfg.tie_embeddings:  # not registered twice: one state_dict key per tensor
+            self.tgt_embed, self.out_weight = None, None
+        else:
+            self.tgt_embed = nn.Embedding(vocab_size, D, padding_idx=PAD_ID)
+            nn.init.normal_(self.tgt_embed.weight, 0.0, D**-0.5)
+            self.out_weight = nn.Parameter(torch.randn(vocab_size, D) * D**-0.5)
+        self.register_buffer("pe", sinusoids(cfg.max_positions, D), persistent=False)
+        self.drop = nn.Dropout(cfg.dropout)  # §5.4 on embeddings + positions
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        # pre-LN leaves the residual stream un-normalised: one final LayerNorm per stack
+        self.enc_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
+        self.dec_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
+
+    @property
+    def output_weight(self) -> Tensor:
+        return self.src_embed.weight if self.out_weight is None else self.out_weight  # (V, D)
+
+    def embed(self, emb: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
+        end = start + ids.size(1)
+        if end > self.cfg.max_positions:
+            raise ValueError(f"sequence length {end} exceeds model.max_positions "
+                             f"({self.cfg.max_positions})")
+        return self.drop(emb(ids) * math.sqrt(self.cfg.d_model) + self.pe[start:end])  # (B, T, D)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> memory (B, S, D), src_pad_mask (B, S) bool, True = pad."""
+        src_pad_mask = src.eq(PAD_ID)
+        mask = ~src_pad_mask[:, None, None, :]  # (B, 1, 1, S) True = attend
+        x = self.embed(self.src_embed, src)
+        for layer in self.encoder:
+            x = layer(x, mask)
+        return self.enc_norm(x), src_pad_mask
+
+    def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
+                        cache: dict | None = None) -> Tensor:
+        """The decoder stack's output (B, t, D); see `decode` for the cache."""
+        start = 0
+        if cache is not None:
+            if "layers" not in cache:  # first call: cross-attention K/V once per sentence
+                cache["pos"], cache["src_pad_mask"] = 0, src_pad_mask
+                cache["layers"] = [dict(zip(("ck", "cv"), l.cross_attn.cross_kv(memory)))
+                                   for l in self.decoder]
+            start, src_pad_mask = cache["pos"], cache["src_pad_mask"]
+            cache["pos"] = start + tgt_in.size(1)
+        mem_mask = ~src_pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        self_mask = None
+        t = tgt_in.size(1)
+        if cache is not None and start > 0 and t > 1:  # new block attends all cached + causal
+            self_mask = torch.ones(t, start + t, dtype=torch.bool, device=tgt_in.device).tril(start)
+        x = self.embed(self.tgt_embed or self.src_embed, tgt_in, start)
+        for i, layer in enumerate(self.decoder):
+            lc = None if cache is None else cache["layers"][i]
+            kv = layer.cross_attn.cross_kv(memory) if lc is None else (lc["ck"], lc["cv"])
+            x = layer(x, kv, mem_mask, lc, self_mask)
+        return self.dec_norm(x)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
+               cache: dict | None = None) -> Tensor:
+        """tgt_in (B, t) -> logits (B, t, V).
+
+        With `cache` (start with `{}`), tgt_in holds only the new positions; the dict is filled
+        in place with each layer's self-attention K/V and the cross-attention K/V and source mask
+        (computed on the first call, after which `memory`/`src_pad_mask` are not read again).
+        """
+        return F.linear(self.decode_features(tgt_in, memory, src_pad_mask, cache),
+                        self.output_weight)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+        memory, src_pad_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_pad_mask)
+
+    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
+             eps: float) -> tuple[Tensor, Tensor]:
+        """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V."""
+        memory, src_pad_mask = self.encode(src)
+        h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
+        keep = tgt_out.ne(PAD_ID)
+        h, target = h[keep], tgt_out[keep]  # (N, D), (N,): the V-sized GEMM skips padding
+        return label_smoothed_loss(F.linear(h, self.output_weight), target, eps)
+
+    @staticmethod
+    def reorder_cache(cache: dict, index: Tensor) -> dict:
+        """Select/reorder the batch rows of every cached tensor (beam search)."""
+        cache["src_pad_mask"] = cache["src_pad_mask"].index_select(0, index)
+        cache["layers"] = [{k: v.index_select(0, index) for k, v in lc.items()}
+                           for lc in cache["layers"]]
+        return cache
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float,
+                        pad_id: int = PAD_ID) -> tuple[Tensor, Tensor]:
+    """§5.4 label smoothing: (loss_sum, nll_sum) over targets != pad_id.
+
+    loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e. cross-entropy against (1-eps)·onehot + eps/V,
+    as F.cross_entropy(label_smoothing=eps). Computed from logsumexp without a (N, V) log-prob
+    tensor.
+    """
+    logits = logits.reshape(-1, logits.size(-1))  # (N, V)
+    target = target.reshape(-1)
+    keep = target.ne(pad_id)
+    if not bool(keep.all()):
+        logits, target = logits[keep], target[keep]
+    return _SmoothedCE.apply(logits, target, eps)
+
+
+class _SmoothedCE(torch.autograd.Function):
+    """Label-smoothed cross-entropy with a hand-written backward: softmax - smoothed one-hot.
+
+    Autograd of the plain formula keeps several (N, V) fp32 temporaries; this keeps the logits
+    and the (N,) logsumexp only, and computes in fp32 chunk by chunk (bf16 logits stay bf16).
+    """
+
+    CHUNK = 2048  # rows at a time: bounds the fp32 working set on a 32k vocabulary
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, eps: float):
+        lse = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
+        mean = torch.empty_like(lse)
+        for i in range(0, logits.size(0), _SmoothedCE.CHUNK):
+            x = logits[i:i + _SmoothedCE.CHUNK].float()  # (n, V)
+            lse[i:i + x.size(0)] = torch.logsumexp(x, dim=-1)
+            mean[i:i + x.size(0)] = x.mean(dim=-1)
+        nll = lse - logits.gather(1, target[:, None]).squeeze(1).float()
+        loss = (1.0 - eps) * nll + eps * (lse - mean)  # -mean_v log p_v = lse - mean_v logit_v
+        ctx.save_for_backward(logits, target, lse)
+        ctx.eps = eps
+        return loss.sum(), nll.sum()
+
+    @staticmethod
+    def backward(ctx, g_loss: Tensor, g_nll: Tensor):
+        logits, target, lse = ctx.saved_tensors
+        eps, V = ctx.eps, logits.size(1)
+        grad = torch.empty_like(logits)
+        rows = torch.arange(logits.size(0), device=logits.device)
+        # d/dlogit: g_loss·(softmax - (1-eps)·onehot - eps/V) + g_nll·(softmax - onehot)
+        for i in range(0, logits.size(0), _SmoothedCE.CHUNK):
+            j = i + _SmoothedCE.CHUNK
+            p = torch.exp(logits[i:j].float() - lse[i:j, None])  # (n, V) softmax
+            p.mul_(g_loss + g_nll).sub_(g_loss * eps / V)
+            r, t = rows[i:j] - i, target[i:j]
+            p[r, t] -= g_loss * (1.0 - eps) + g_nll
+            grad[i:j] = p
+        return grad, None, None

@@ -1,0 +1,230 @@
+"""Encode each split with the trained tokenizer into length-bucketed binary shards.
+
+    python -m transformer.shard data/raw data/tokenizer data/shards --metrics data/metrics/shard.json
+
+Two streaming passes keep memory flat in the corpus size: (1) encode chunks of lines (Rust,
+all cores) and append each pair to a temporary file of its source-length bucket; (2) read the
+buckets in length order into shards of at most `shard.shard_pairs` pairs, each sorted by
+(source, target) length. Pairs longer than `shard.max_len` on either side (EOS included) are
+dropped and counted, never truncated. The file format is documented in transformer/data.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from transformer import config
+from transformer.config import ConfigError, DownloadConfig, ShardConfig
+from transformer.data import FORMAT, INDEX, DataError, shard_name
+from transformer.files import atomic_dir, atomic_write, sha256_file
+from transformer.tokenizer import EOS_ID, UNK_ID, TokenizerError, load_tokenizer, tokenizer_sha256
+
+SPLITS = ("train", "valid", "test")
+N_BUCKETS = 32  # source-length buckets of pass 1; each one is a pair of temporary files
+
+
+def _chunks(src: Path, tgt: Path, size: int):
+    """Line-aligned chunks ([src lines], [tgt lines]); a length mismatch is an error."""
+    with open(src, encoding="utf-8", newline="\n") as fs, open(tgt, encoding="utf-8",
+                                                               newline="\n") as ft:
+        line = 0
+        while True:
+            a, b = _read(fs, src, line, size), _read(ft, tgt, line, size)
+            if len(a) != len(b):
+                short, n = (src, len(a)) if len(a) < len(b) else (tgt, len(b))
+                raise DataError(f"{short}: ends at line {line + n}, but its other side goes on "
+                                f"({src.name} and {tgt.name} must be line-aligned)")
+            if not a:
+                return
+            line += len(a)
+            yield a, b
+
+
+def _read(f, path: Path, line: int, size: int) -> list[str]:
+    try:
+        return [x.rstrip("\n") for x in itertools.islice(f, size)]
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 after line {line} ({e.reason})") from None
+
+
+def _flat(ids: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths with EOS, all ids + EOS concatenated) of a list of id lists."""
+    lens = np.fromiter(map(len, ids), np.int64, len(ids)) + 1
+    flat = np.fromiter(itertools.chain.from_iterable(x + [EOS_ID] for x in ids), dtype,
+                       int(lens.sum()))
+    return lens, flat
+
+
+def _gather(flat: np.ndarray, lens: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """The concatenated token runs of pairs `pick`, in that order (vectorized slicing)."""
+    starts = (np.cumsum(lens) - lens)[pick]
+    n = lens[pick]
+    # position of each output token = its run's start + its rank inside the run
+    within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    return flat[np.repeat(starts, n) + within]
+
+
+class _Buckets:
+    """Pass 1's temporary files: per bucket, lengths (int32 pairs) and src / tgt tokens."""
+
+    def __init__(self, tmp: Path, max_len: int):
+        self.tmp, self.width = tmp, -(-max_len // N_BUCKETS)
+        tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, b: int, part: str) -> Path:
+        return self.tmp / f"{b:02d}.{part}"
+
+    def append(self, sl, tl, src_flat, tgt_flat, keep) -> None:
+        bucket = (sl - 1) // self.width  # (n,) bucket of each pair, by source length
+        for b in np.unique(bucket[keep]):
+            pick = np.flatnonzero(keep & (bucket == b))
+            with open(self.path(b, "len"), "ab") as f:
+                np.stack([sl[pick], tl[pick]], 1).astype(np.int32).tofile(f)  # (n, 2)
+            with open(self.path(b, "src"), "ab") as f:
+                _gather(src_flat, sl, pick).tofile(f)
+            with open(self.path(b, "tgt"), "ab") as f:
+                _gather(tgt_flat, tl, pick).tofile(f)
+
+    def read(self, dtype, block: int):
+        """(sl, tl, src, tgt) blocks of at most `block` pairs, in bucket (length) order."""
+        for b in range(N_BUCKETS):
+            if not self.path(b, "len").exists():
+                continue
+            with (open(self.path(b, "len"), "rb") as fl, open(self.path(b, "src"), "rb") as fs,
+                  open(self.path(b, "tgt"), "rb") as ft):
+                while (lens := np.fromfile(fl, np.int32, 2 * block).reshape(-1, 2)).size:
+                    sl, tl = lens[:, 0].astype(np.int64), lens[:, 1].astype(np.int64)
+                    yield (sl, tl, np.fromfile(fs, dtype, int(sl.sum())),
+                           np.fromfile(ft, dtype, int(tl.sum())))
+
+
+def _write_shard(path: Path, sl, tl, src, tgt, dtype) -> dict[str, Any]:
+    """One shard, sorted by (source, target) length; returns its index entry."""
+    order = np.lexsort((tl, sl))
+    parts = [sl[order], tl[order], _gather(src, sl, order), _gather(tgt, tl, order)]
+    with open(path, "wb") as f:  # inside the stage's atomic_dir: never seen half-written
+        for a in parts:
+            a.astype(dtype).tofile(f)
+    return {"file": path.name, "n_pairs": len(sl), "src_tokens": int(sl.sum()),
+            "tgt_tokens": int(tgt.size), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _encode(tok: Tokenizer, chunk: tuple[list[str], list[str]], dtype):
+    a, b = chunk
+    src = [e.ids for e in tok.encode_batch_fast(a)]  # Rust, parallel over all cores
+    tgt = [e.ids for e in tok.encode_batch_fast(b)]
+    return _flat(src, dtype), _flat(tgt, dtype)
+
+
+def shard_split(tok: Tokenizer, src: Path, tgt: Path, out: Path, cfg: ShardConfig,
+                tok_sha: str, chunk: int = 20_000) -> dict[str, Any]:
+    """Encode one split (src, tgt line files) into shards + index.json under `out`."""
+    dtype = np.dtype(np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32)
+    if cfg.max_len > np.iinfo(dtype).max:
+        raise ConfigError(f"shard.max_len {cfg.max_len} does not fit {dtype} lengths")
+    buckets = _Buckets(out / ".buckets", cfg.max_len)
+    n = dropped = unk = 0
+    bar = tqdm(desc=f"encode {out.name}", unit=" pairs", disable=None)
+    # Encode chunk k+1 (Rust, GIL released) while numpy files chunk k.
+    with ThreadPoolExecutor(1) as pool:
+        pending = None
+        for piece in itertools.chain(_chunks(src, tgt, chunk), [None]):
+            nxt = pool.submit(_encode, tok, piece, dtype) if piece else None
+            if pending is not None:
+                (sl, sf), (tl, tf) = pending.result()
+                keep = (sl <= cfg.max_len) & (tl <= cfg.max_len)
+                buckets.append(sl, tl, sf, tf, keep)
+                n, dropped = n + len(sl), dropped + int((~keep).sum())
+                unk += int((sf == UNK_ID).sum() + (tf == UNK_ID).sum())
+                bar.update(len(sl))
+            pending = nxt
+    bar.close()
+    shards, buf, k = [], [], 0
+    for block in buckets.read(dtype, cfg.shard_pairs):
+        buf.append(block)
+        if sum(len(b[0]) for b in buf) >= cfg.shard_pairs:
+            shards.append(_flush(out, k, buf, dtype, cfg.shard_pairs))
+            k += 1
+    while buf:
+        shards.append(_flush(out, k, buf, dtype, cfg.shard_pairs))
+        k += 1
+    shutil.rmtree(buckets.tmp)
+    kept = sum(s["n_pairs"] for s in shards)
+    index = {"format": FORMAT, "tokenizer_sha256": tok_sha, "vocab_size": tok.get_vocab_size(),
+             "dtype": dtype.name, "max_len": cfg.max_len, "n_pairs": kept, "shards": shards}
+    with atomic_write(out / INDEX, "w") as f:
+        json.dump(index, f, indent=1)
+    n_tok = sum(s["src_tokens"] + s["tgt_tokens"] for s in shards)
+    return {"pairs_in": n, "pairs": kept, "dropped_too_long": dropped,
+            "src_tokens": sum(s["src_tokens"] for s in shards),
+            "tgt_tokens": sum(s["tgt_tokens"] for s in shards),
+            "unk_share": unk / max(n_tok, 1), "shards": len(shards)}
+
+
+def _flush(out: Path, k: int, buf: list, dtype, limit: int) -> dict[str, Any]:
+    """Write the first `limit` pairs of the buffered blocks as shard k; keep the rest."""
+    sl, tl, src, tgt = (np.concatenate(p) for p in zip(*buf))
+    buf.clear()
+    if len(sl) > limit:  # the tail goes back to the buffer for the next shard
+        ns, nt = int(sl[:limit].sum()), int(tl[:limit].sum())
+        buf.append((sl[limit:], tl[limit:], src[ns:], tgt[nt:]))
+        sl, tl, src, tgt = sl[:limit], tl[:limit], src[:ns], tgt[:nt]
+    return _write_shard(out / shard_name(k), sl, tl, src, tgt, dtype)
+
+
+def shard(raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig,
+          langs: tuple[str, str]) -> dict[str, Any]:
+    """The stage: every split of raw/ into out_dir/{split}/; returns the metrics."""
+    tok = load_tokenizer(tok_dir, expect={"src_lang": langs[0], "tgt_lang": langs[1]})
+    sha = tokenizer_sha256(tok_dir)
+    if not (Path(raw) / f"train.{langs[0]}").exists():
+        raise DataError(f"{raw}/train.{langs[0]}: missing (run the download stage first)")
+    metrics: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with atomic_dir(out_dir) as tmp:
+        for split in SPLITS:
+            src, tgt = (Path(raw) / f"{split}.{lang}" for lang in langs)
+            if src.exists() or tgt.exists():
+                metrics[split] = shard_split(tok, src, tgt, tmp / split, cfg, sha)
+    seconds = time.perf_counter() - t0
+    metrics["seconds"] = round(seconds, 2)
+    metrics["pairs_per_second"] = round(sum(m["pairs_in"] for m in metrics.values()
+                                            if isinstance(m, dict)) / seconds, 1)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m transformer.shard", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("raw", type=Path, help="folder with {train,valid,test}.{src,tgt lang}")
+    parser.add_argument("tokenizer", type=Path, help="the tokenizer stage's output folder")
+    parser.add_argument("out", type=Path, help="output folder: {split}/index.json + shards")
+    parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")
+    parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.load(ShardConfig, "shard", args.params)
+        dl = config.load(DownloadConfig, "download", args.params)
+        metrics = shard(args.raw, args.tokenizer, args.out, cfg, (dl.src_lang, dl.tgt_lang))
+    except (DataError, TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
+        sys.exit(f"error: {e}")
+    if args.metrics:
+        with atomic_write(args.metrics, "w") as f:
+            json.dump(metrics, f, indent=2)
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()

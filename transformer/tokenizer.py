@@ -1,0 +1,264 @@
+"""Train the subword vocabulary: joint BPE (paper en-de, §5.1) or WordPiece (paper en-fr).
+
+One vocabulary is shared by source and target (§3.4 shares the embedding matrices too). Both
+types work on bytes (GPT-2's byte-level alphabet), so every line encodes without `<unk>` and
+decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (PAD_ID...).
+
+    python -m transformer.tokenizer data/raw data/tokenizer --metrics data/metrics/tokenizer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from transformer import config
+from transformer.config import ConfigError, DownloadConfig, TokenizerConfig
+from transformer.files import atomic_dir, atomic_write, sha256_file
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# Mixing punctuation and letters, these strings can never be one pre-token of GPT-2's regex,
+# so no learned token can collide with them; encode_special_tokens stops literal matches.
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+TYPES = ("bpe", "wordpiece")
+FORMAT = 1
+# WordPiece's continuation marker. Not "##": "#" is in the byte alphabet, so a word-initial
+# "##" token would be indistinguishable from a continuation. "▸" is outside the alphabet.
+CONT = "\u25b8"
+BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols, sorted: deterministic
+
+
+class TokenizerError(ValueError):
+    """A tokenizer problem, naming the file or the parameter."""
+
+
+def min_vocab_size(kind: str) -> int:
+    """Specials + the byte alphabet (WordPiece needs each byte word-initial and continuing)."""
+    return len(SPECIALS) + len(BYTES) * (2 if kind == "wordpiece" else 1)
+
+
+def _skeleton(model: models.Model, kind: str) -> Tokenizer:
+    tok = Tokenizer(model)
+    # A space before every line, so a sentence-initial word is the same unit as a medial one
+    # (SentencePiece's dummy prefix); the decoder strips exactly this one space again.
+    tok.normalizer = normalizers.Prepend(" ")
+    # GPT-2 byte-level split: spaces attach to the next word ("Ġword"), punctuation and digits
+    # are their own pre-tokens (much like the Moses tokenization the paper's BPE ran on).
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    steps = [decoders.ByteLevel(), decoders.Strip(" ", 1, 0)]
+    if kind == "wordpiece":  # pieces concatenate once the continuation marker is gone
+        steps.insert(0, decoders.Replace(CONT, ""))
+    tok.decoder = decoders.Sequence(steps)
+    tok.encode_special_tokens = True  # "</s>" in the text is text, not EOS
+    return tok
+
+
+def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
+    """Train a `cfg.type` vocabulary of (at most) `cfg.vocab_size` units on `files`, streamed."""
+    if cfg.type not in TYPES:
+        raise TokenizerError(f"tokenizer.type must be one of {TYPES}, got {cfg.type!r}")
+    if cfg.vocab_size < min_vocab_size(cfg.type):
+        raise TokenizerError(
+            f"tokenizer.vocab_size {cfg.vocab_size} is smaller than the alphabet: {cfg.type} "
+            f"needs at least {min_vocab_size(cfg.type)} (4 specials + 256 bytes"
+            + (" x 2 forms)" if cfg.type == "wordpiece" else ")")
+        )
+    for f in files:
+        if not f.exists():
+            raise TokenizerError(f"{f}: no such training file")
+        if f.stat().st_size == 0:
+            raise TokenizerError(f"{f}: the training split is empty")
+    common = dict(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=SPECIALS,  # added first, in order: ids 0..3
+        initial_alphabet=BYTES,  # every byte is a unit, so nothing is ever <unk>
+        show_progress=sys.stderr.isatty(),
+    )
+    if cfg.type == "bpe":
+        tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe")
+        trainer = trainers.BpeTrainer(**common)
+    else:
+        tok = _skeleton(models.WordPiece(unk_token=SPECIALS[UNK_ID]), "wordpiece")
+        # The trainer numbers new continuation units in hash-map order, and merge ties are
+        # broken by id: fixing their ids up front (as extra specials) makes training
+        # deterministic. They become ordinary units again in _complete_wordpiece.
+        common["special_tokens"] = SPECIALS + [CONT + b for b in BYTES]
+        trainer = trainers.WordPieceTrainer(**common, continuing_subword_prefix=CONT)
+    # Rust reads the files line by line: word counts in memory, never the corpus.
+    tok.train([str(f) for f in files], trainer)
+    if cfg.type == "wordpiece":
+        tok = _skeleton(_complete_wordpiece(tok, cfg.vocab_size), "wordpiece")
+        tok.add_special_tokens(SPECIALS)  # already ids 0..3 of the vocabulary
+    _check_specials(tok, "trained tokenizer")
+    return tok
+
+
+def _complete_wordpiece(tok: Tokenizer, vocab_size: int) -> models.WordPiece:
+    """Every byte in both forms (so greedy matching never fails), trimmed to `vocab_size`."""
+    vocab = tok.get_vocab(with_added_tokens=False)
+    pieces = sorted(vocab, key=vocab.__getitem__)  # id order: specials, alphabet, merges
+    known = set(pieces)
+    missing = [p for b in BYTES for p in (b, CONT + b) if p not in known]
+    units = set(SPECIALS) | set(BYTES) | {CONT + b for b in BYTES}
+    # Drop the last-learned merges to make room: they are the rarest.
+    merges = [p for p in pieces if p not in units]
+    keep = vocab_size - len(SPECIALS) - 2 * len(BYTES)
+    ordered = [p for p in pieces if p in units] + missing + merges[:keep]
+    return models.WordPiece(
+        vocab={p: i for i, p in enumerate(ordered)},
+        unk_token=SPECIALS[UNK_ID],
+        continuing_subword_prefix=CONT,
+        max_input_chars_per_word=1_000_000,  # the default 100 would turn long words into <unk>
+    )
+
+
+def _check_specials(tok: Tokenizer, where: str) -> None:
+    got = [tok.token_to_id(s) for s in SPECIALS]
+    if got != [PAD_ID, BOS_ID, EOS_ID, UNK_ID]:
+        raise TokenizerError(f"{where}: special token ids {dict(zip(SPECIALS, got))} are not 0..3")
+
+
+def training_sha256(files: list[Path]) -> str:
+    """One hash over the files' names, sizes and contents (streamed, ~1 s per GB)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.stat().st_size}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: Path, meta: dict) -> None:
+    """Write tokenizer.json, then meta.json (with tokenizer.json's hash), each atomically."""
+    out_dir = Path(out_dir)
+    with atomic_write(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
+        f.write(tok.to_str(pretty=True))
+    meta = {
+        "format": FORMAT,
+        **meta,
+        "vocab_size": tok.get_vocab_size(),
+        "special_tokens": {s: i for i, s in enumerate(SPECIALS)},
+        "tokenizer_sha256": sha256_file(out_dir / "tokenizer.json"),
+        "tokenizers_version": tokenizers.__version__,
+    }
+    with atomic_write(out_dir / "meta.json", "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+
+
+def read_meta(tok_dir: Path) -> dict[str, Any]:
+    """meta.json of a tokenizer directory, with a clear error when missing or unreadable."""
+    path = Path(tok_dir) / "meta.json"
+    if not path.exists():
+        raise TokenizerError(f"{path}: missing (run the tokenizer stage first)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise TokenizerError(f"{path}: not a format-{FORMAT} tokenizer meta file")
+    return meta
+
+
+def tokenizer_sha256(tok_dir: Path) -> str:
+    """Hash of tokenizer.json: recorded by the shards and checkpoints made with it."""
+    return sha256_file(Path(tok_dir) / "tokenizer.json")
+
+
+def load_tokenizer(tok_dir: Path, expect: Mapping[str, Any] | None = None) -> Tokenizer:
+    """Load and check a tokenizer directory; `expect` ({meta key: value}) must match meta.json."""
+    tok_dir = Path(tok_dir)
+    meta = read_meta(tok_dir)
+    path = tok_dir / "tokenizer.json"
+    if not path.exists():
+        raise TokenizerError(f"{path}: missing (run the tokenizer stage first)")
+    if (digest := sha256_file(path)) != meta.get("tokenizer_sha256"):
+        raise TokenizerError(
+            f"{path}: sha256 {digest[:12]}... does not match meta.json's "
+            f"{str(meta.get('tokenizer_sha256'))[:12]}... (a tokenizer.json from another run?)"
+        )
+    for key, want in (expect or {}).items():
+        if meta.get(key) != want:
+            raise TokenizerError(f"{tok_dir}/meta.json: {key} is {meta.get(key)!r}, expected {want!r}")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise TokenizerError(f"{path}: cannot be loaded ({e})") from None
+    if tok.get_vocab_size() != meta.get("vocab_size"):
+        raise TokenizerError(
+            f"{path}: {tok.get_vocab_size()} units, meta.json says {meta.get('vocab_size')}"
+        )
+    _check_specials(tok, str(path))
+    tok.encode_special_tokens = True  # not serialized by `tokenizers`: set on every load
+    return tok
+
+
+def stats(tok: Tokenizer, lines: dict[str, list[str]]) -> dict[str, Any]:
+    """Per language: mean tokens per sentence, <unk> share, round-trip exact-match rate."""
+    out: dict[str, Any] = {}
+    for lang, text in lines.items():
+        ids = [e.ids for e in tok.encode_batch_fast(text)]
+        back = tok.decode_batch(ids, skip_special_tokens=False)
+        n_tok = sum(map(len, ids))
+        out[lang] = {
+            "sentences": len(text),
+            "mean_tokens": round(n_tok / max(len(text), 1), 3),
+            "unk_share": sum(i.count(UNK_ID) for i in ids) / max(n_tok, 1),
+            "roundtrip_exact": sum(a == b for a, b in zip(text, back)) / max(len(text), 1),
+        }
+    return out
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file without their newlines (for small files: valid/test)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def build(raw: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> dict:
+    """The stage: train on raw/train.{src,tgt}, save to out_dir, return the metrics."""
+    files = [Path(raw) / f"train.{lang}" for lang in langs]
+    tok = train_tokenizer(files, cfg)
+    meta = {
+        "type": cfg.type,
+        "src_lang": langs[0],
+        "tgt_lang": langs[1],
+        "min_frequency": cfg.min_frequency,
+        "train_files": [f.name for f in files],
+        "train_sha256": training_sha256(files),
+    }
+    with atomic_dir(out_dir) as tmp:
+        save_tokenizer(tok, tmp, meta)
+    valid = {lang: read_lines(Path(raw) / f"valid.{lang}") for lang in langs if
+             (Path(raw) / f"valid.{lang}").exists()}
+    return {"type": cfg.type, "vocab_size": tok.get_vocab_size(), "valid": stats(tok, valid)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m transformer.tokenizer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("raw", type=Path, help="folder with {train,valid}.{src_lang,tgt_lang}")
+    parser.add_argument("out", type=Path, help="output folder: tokenizer.json + meta.json")
+    parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")
+    parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.load(TokenizerConfig, "tokenizer", args.params)
+        dl = config.load(DownloadConfig, "download", args.params)
+        metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang))
+    except (TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
+        sys.exit(f"error: {e}")
+    if args.metrics:
+        with atomic_write(args.metrics, "w") as f:
+            json.dump(metrics, f, indent=2)
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()
