@@ -20,8 +20,13 @@ class Peer:
     def __init__(self, shape: dict, opts: dict):
         torch.manual_seed(0)
         assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
-        cfg = ModelConfig(d_model=shape["d_model"], d_ff=shape["ff"], n_heads=shape["heads"],
-                          n_layers=shape["enc_layers"], dropout=shape["dropout"])
+        cfg = ModelConfig(
+            d_model=shape["d_model"],
+            d_ff=shape["ff"],
+            n_heads=shape["heads"],
+            n_layers=shape["enc_layers"],
+            dropout=shape["dropout"],
+        )
         self.model = Transformer(cfg, shape["vocab"]).eval()
         self.precision = opts.get("precision", "fp32")
         self.dec = Decoder(self.model, self.precision)
@@ -32,7 +37,12 @@ class Peer:
 
     def info(self) -> dict:
         n = sum(p.numel() for p in self.model.parameters())
-        return dict(peer="project", precision=self.precision, params=n, torch=torch.__version__)
+        return {
+            "peer": "project",
+            "precision": self.precision,
+            "params": n,
+            "torch": torch.__version__,
+        }
 
 
 def build(shape: dict, opts: dict) -> Peer:

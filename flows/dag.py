@@ -39,7 +39,9 @@ def read_dag(project: Path) -> dict[str, Stage]:
             name = _address(node, repo.root_dir)
             stages[name] = Stage(
                 name=name,
-                upstream=tuple(sorted(_address(u, repo.root_dir) for u in graph.successors(node) if _is_cmd(u))),
+                upstream=tuple(
+                    sorted(_address(u, repo.root_dir) for u in graph.successors(node) if _is_cmd(u))
+                ),
                 outs=tuple(str(o.def_path) for o in outs),
                 metrics=tuple(str(o.def_path) for o in outs if o.metric),
                 plots=tuple(str(o.def_path) for o in outs if o.plot),

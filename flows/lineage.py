@@ -22,13 +22,15 @@ FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "bleu": (EVALUATE, ("bleu", "bleu/score", "sacrebleu/bleu", "sacrebleu/score")),
     "chrf": (EVALUATE, ("chrf", "chrf/score", "chrf2", "sacrebleu/chrf")),
     "bleu_signature": (
-        EVALUATE, ("signatures/bleu", "bleu_signature", "bleu/signature", "signature"),
+        EVALUATE,
+        ("signatures/bleu", "bleu_signature", "bleu/signature", "signature"),
     ),
     "chrf_signature": (EVALUATE, ("signatures/chrf", "chrf_signature", "chrf/signature")),
     "model_sha256": (EVALUATE, ("model_sha256", "model/sha256")),
     "tokenizer_sha256": (EVALUATE, ("tokenizer_sha256", "tokenizer/sha256")),
     "checkpoints_averaged": (
-        EVALUATE, ("averaged_checkpoints", "checkpoints_averaged", "checkpoints"),
+        EVALUATE,
+        ("averaged_checkpoints", "checkpoints_averaged", "checkpoints"),
     ),
     "test_sha256": (EVALUATE, ("test_sha256", "test/sha256", "references_sha256")),
 }
@@ -66,8 +68,10 @@ def read_metrics(project: Path, stage: Stage | None) -> dict[str, Any]:
 
 def git_revision(project: Path) -> str:
     """HEAD's commit, with "+dirty" when tracked files differ from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True).stdout
+
     rev = git("rev-parse", "HEAD").strip() or "no commit"
     return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
@@ -85,7 +89,8 @@ def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any]) -> str | 
     if found := pick(eval_flat, FIELDS["test_sha256"][1]):
         return str(found)
     parts = sorted(
-        f"{k}={v}" for k, v in manifest.items()
+        f"{k}={v}"
+        for k, v in manifest.items()
         if k.endswith("sha256") and any(c.startswith("test") for c in k.split("/"))
     )
     return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else None
@@ -109,7 +114,8 @@ def missing(record: dict[str, Any], dag: dict[str, Stage]) -> list[str]:
     """`file: key` for each expected value the metrics files did not provide."""
     return [
         f"{', '.join(dag[stage].metrics) if stage in dag else stage + ' (no such stage)'}: {f}"
-        for f, (stage, _) in FIELDS.items() if record.get(f) is None
+        for f, (stage, _) in FIELDS.items()
+        if record.get(f) is None
     ]
 
 
@@ -125,5 +131,7 @@ def curves(project: Path, dag: dict[str, Stage]) -> list[tuple[str, int, str, st
                 with open(f, newline="") as fh:
                     data = list(csv.reader(fh, delimiter="\t" if f.suffix == ".tsv" else ","))
                 if len(data) > 1:
-                    rows.append((str(f.relative_to(project)), len(data) - 1, data[1][-1], data[-1][-1]))
+                    rows.append(
+                        (str(f.relative_to(project)), len(data) - 1, data[1][-1], data[-1][-1])
+                    )
     return rows

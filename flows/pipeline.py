@@ -42,13 +42,21 @@ def stage_task(stage: str, download_retries: int, retry_delay_s: float):
         return repro.with_options(name=stage)
     delays = exponential_backoff(backoff_factor=retry_delay_s)(download_retries)
     return repro.with_options(
-        name=stage, retries=download_retries, retry_delay_seconds=delays,
-        retry_condition_fn=None, retry_jitter_factor=0.2,
+        name=stage,
+        retries=download_retries,
+        retry_delay_seconds=delays,
+        retry_condition_fn=lambda task, task_run, state: True,
+        retry_jitter_factor=0.2,
     )
 
 
-def run_stages(project: Path, dag: dict[str, Stage], download_retries: int = 3,
-               retry_delay_s: float = 10.0, force: tuple[str, ...] = ()) -> dict[str, str]:
+def run_stages(
+    project: Path,
+    dag: dict[str, Stage],
+    download_retries: int = 3,
+    retry_delay_s: float = 10.0,
+    force: tuple[str, ...] = (),
+) -> dict[str, str]:
     """Submit every stage once its upstream stages are done; {stage: "ran" | "skipped" | ...}."""
     futures = {}
     for name, stage in dag.items():  # topological order: upstream futures exist already
@@ -75,7 +83,10 @@ def dvc_refs(project: Path) -> dict[str, str]:
 
     out = subprocess.run(
         ["git", "for-each-ref", "refs/exps", "--format=%(objectname) %(refname)"],
-        cwd=project, capture_output=True, text=True, check=True,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return {r.rsplit("/", 1)[1]: sha for sha, r in (line.split() for line in out.splitlines())}
 
@@ -85,22 +96,36 @@ def publish(project: Path, dag: dict[str, Stage], record: dict[str, Any]) -> Non
     gaps = lineage.missing(record, dag)
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
     rows += [{"field": "missing", "value": g} for g in gaps]
-    create_table_artifact(rows, key="lineage", description="Score -> inputs: " + record["experiment"])
+    create_table_artifact(
+        rows, key="lineage", description="Score -> inputs: " + record["experiment"]
+    )
     html = project / "dvc_plots" / record["experiment"]
     html.mkdir(parents=True, exist_ok=True)
     dvc("plots", "show", "--out", str(html), cwd=project)
-    lines = [f"# Training curves: {record['experiment']}", "",
-             f"Rendered by DVC: [index.html]({(html / 'index.html').as_uri()})", "",
-             "Again from git + DVC alone: `dvc exp apply " + record["experiment"]
-             + "` then `dvc plots show`; compare runs with `dvc plots diff`.", "",
-             "| curve | points | first | last |", "|---|---|---|---|"]
+    lines = [
+        f"# Training curves: {record['experiment']}",
+        "",
+        f"Rendered by DVC: [index.html]({(html / 'index.html').as_uri()})",
+        "",
+        "Again from git + DVC alone: `dvc exp apply "
+        + record["experiment"]
+        + "` then `dvc plots show`; compare runs with `dvc plots diff`.",
+        "",
+        "| curve | points | first | last |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {f} | {n} | {a} | {b} |" for f, n, a, b in lineage.curves(project, dag)]
     create_markdown_artifact("\n".join(lines), key="training-curves")
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline(preset: str | None = None, overrides: list[str] | None = None, project: str = ".",
-             download_retries: int = 3, retry_delay_s: float = 10.0) -> dict[str, Any]:
+def pipeline(
+    preset: str | None = None,
+    overrides: list[str] | None = None,
+    project: str = ".",
+    download_retries: int = 3,
+    retry_delay_s: float = 10.0,
+) -> dict[str, Any]:
     """Run dvc.yaml's stages (preset and `dvc exp run -S` overrides first); save the experiment."""
     root = Path(project).resolve()
     with workspace_lock(root):
@@ -109,7 +134,13 @@ def pipeline(preset: str | None = None, overrides: list[str] | None = None, proj
         stages = run_stages(root, dag, download_retries, retry_delay_s)
         name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}"
         commit = save_experiment(root, dag, name)
-        record = lineage.lineage(root, dag, experiment=name, experiment_commit=commit,
-                                 preset=preset, overrides=list(overrides or []))
+        record = lineage.lineage(
+            root,
+            dag,
+            experiment=name,
+            experiment_commit=commit,
+            preset=preset,
+            overrides=list(overrides or []),
+        )
         publish(root, dag, record)
     return {"stages": stages, **record}

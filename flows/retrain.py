@@ -24,7 +24,9 @@ from transformer.config import RetrainConfig, load
 from transformer.files import atomic_write
 
 
-def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, margin: float) -> tuple[bool, str]:
+def gate(
+    candidate: dict[str, Any], champion: dict[str, Any] | None, margin: float
+) -> tuple[bool, str]:
     """(promote?, why): only a comparable candidate with BLEU above champion + margin wins."""
     if champion is None:
         return True, "no champion yet"
@@ -32,13 +34,17 @@ def gate(candidate: dict[str, Any], champion: dict[str, Any] | None, margin: flo
         return False, "the candidate has no BLEU score; champion kept"
     for key in ("test_sha256", "bleu_signature"):
         if candidate.get(key) is None or candidate.get(key) != champion.get(key):
-            return False, (f"not comparable: {key} differs (champion {champion.get(key)!r}, "
-                           f"candidate {candidate.get(key)!r}); champion kept")
+            return False, (
+                f"not comparable: {key} differs (champion {champion.get(key)!r}, "
+                f"candidate {candidate.get(key)!r}); champion kept"
+            )
     new, old = float(candidate["bleu"]), float(champion["bleu"])
     if new - old > margin:
         return True, f"candidate BLEU {new:.2f} beats champion {old:.2f} by more than {margin}"
-    return False, (f"candidate BLEU {new:.2f} does not beat champion {old:.2f} by more than "
-                   f"the margin {margin}; champion kept")
+    return False, (
+        f"candidate BLEU {new:.2f} does not beat champion {old:.2f} by more than "
+        f"the margin {margin}; champion kept"
+    )
 
 
 def read_champion(path: Path) -> dict[str, Any] | None:
@@ -52,10 +58,15 @@ def write_champion(path: Path, record: dict[str, Any]) -> None:
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(preset: str | None = None, overrides: list[str] | None = None, project: str = ".",
-            refresh_data: bool = True, download_retries: int = 3,
-            retry_delay_s: float = 10.0) -> dict[str, Any]:
-    """Retrain only on new data; promote only a better candidate. Returns what it decided and why."""
+def retrain(
+    preset: str | None = None,
+    overrides: list[str] | None = None,
+    project: str = ".",
+    refresh_data: bool = True,
+    download_retries: int = 3,
+    retry_delay_s: float = 10.0,
+) -> dict[str, Any]:
+    """Retrain only on new data; promote only a better candidate. Returns the decision and why."""
     root = Path(project).resolve()
     with workspace_lock(root):
         apply_params(root, preset, list(overrides or []))
@@ -63,23 +74,39 @@ def retrain(preset: str | None = None, overrides: list[str] | None = None, proje
         champion_path = root / cfg.champion
         champion = read_champion(champion_path)
         dag = read_dag(root)
-        force = (DOWNLOAD,) if refresh_data else ()  # fetch the source again, even if DVC says fresh
+        force = (
+            (DOWNLOAD,) if refresh_data else ()
+        )  # fetch the source again, even if DVC says fresh
         run_stages(root, {DOWNLOAD: dag[DOWNLOAD]}, download_retries, retry_delay_s, force)
         data = data_hash(root, dag)
         if champion and champion.get("data_hash") == data:
-            out = {"retrained": False, "promoted": False,
-                   "reason": f"training data unchanged since the champion ({data}); nothing retrained"}
+            out = {
+                "retrained": False,
+                "promoted": False,
+                "reason": f"training data unchanged since the champion ({data}); nothing retrained",
+            }
         else:
-            candidate = pipeline(project=str(root), download_retries=download_retries,
-                                 retry_delay_s=retry_delay_s)
+            candidate = pipeline(
+                project=str(root), download_retries=download_retries, retry_delay_s=retry_delay_s
+            )
             promote, reason = gate(candidate, champion, cfg.margin)
             if promote:
-                write_champion(champion_path, {
-                    **{k: v for k, v in candidate.items() if k != "stages"},
-                    "promoted_at": datetime.now(timezone.utc).isoformat(),
-                    "promoted_by": f"retrain flow run {flow_run.get_id()}", "reason": reason})
-            out = {"retrained": True, "promoted": promote, "reason": reason,
-                   "candidate_bleu": candidate.get("bleu"), "stages": candidate["stages"]}
+                write_champion(
+                    champion_path,
+                    {
+                        **{k: v for k, v in candidate.items() if k != "stages"},
+                        "promoted_at": datetime.now(timezone.utc).isoformat(),
+                        "promoted_by": f"retrain flow run {flow_run.get_id()}",
+                        "reason": reason,
+                    },
+                )
+            out = {
+                "retrained": True,
+                "promoted": promote,
+                "reason": reason,
+                "candidate_bleu": candidate.get("bleu"),
+                "stages": candidate["stages"],
+            }
         out["champion"] = read_champion(champion_path)
     logger().info("retrain: %s", out["reason"])
     create_markdown_artifact(_report(out, champion), key="retrain-decision")
@@ -88,10 +115,18 @@ def retrain(preset: str | None = None, overrides: list[str] | None = None, proje
 
 def _report(out: dict[str, Any], before: dict[str, Any] | None) -> str:
     after = out["champion"] or {}
-    return "\n".join([
-        f"# Retrain: {'promoted' if out['promoted'] else 'champion kept'}", "", out["reason"], "",
-        "| | experiment | BLEU | data |", "|---|---|---|---|",
-        *(f"| {label} | {c.get('experiment')} | {c.get('bleu')} | {c.get('data_hash')} |"
-          for label, c in (("champion before", before or {}), ("champion now", after))),
-        *([f"| candidate | | {out.get('candidate_bleu')} | |"] if out["retrained"] else []),
-    ])
+    return "\n".join(
+        [
+            f"# Retrain: {'promoted' if out['promoted'] else 'champion kept'}",
+            "",
+            out["reason"],
+            "",
+            "| | experiment | BLEU | data |",
+            "|---|---|---|---|",
+            *(
+                f"| {label} | {c.get('experiment')} | {c.get('bleu')} | {c.get('data_hash')} |"
+                for label, c in (("champion before", before or {}), ("champion now", after))
+            ),
+            *([f"| candidate | | {out.get('candidate_bleu')} | |"] if out["retrained"] else []),
+        ]
+    )

@@ -32,7 +32,9 @@ def deployments(cron: str = RETRAIN_CRON) -> list:
             "wmt14-en-de-base", parameters={"preset": "wmt14-en-de-base"}, **by_module
         ),
         retrain.to_deployment(
-            "retrain", cron=cron, **by_module,
+            "retrain",
+            cron=cron,
+            **by_module,
             concurrency_limit=ConcurrencyLimitConfig(
                 limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
             ),
@@ -41,10 +43,16 @@ def deployments(cron: str = RETRAIN_CRON) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cron", default=os.environ.get("RETRAIN_CRON", RETRAIN_CRON),
-                        help=f"the retrain schedule (default {RETRAIN_CRON!r})")
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--cron",
+        default=os.environ.get("RETRAIN_CRON", RETRAIN_CRON),
+        help=f"the retrain schedule (default {RETRAIN_CRON!r})",
+    )
     args = parser.parse_args(argv)
     serve(*deployments(args.cron))
 

@@ -44,8 +44,14 @@ def run(cmd: list[str], cwd: Path) -> list[str]:
     log.info("$ %s", " ".join(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
     with subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace", bufsize=1,
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
     ) as proc:
         lines = []
         for line in proc.stdout:
@@ -70,7 +76,9 @@ def apply_params(project: Path, preset: str | None, overrides: list[str]) -> Non
 
         apply_overrides(project / "params.yaml", list(overrides))
         logger().info("params.yaml: set %s", ", ".join(overrides))
-    run([sys.executable, "-m", "transformer.config", "check"], project)
+    from transformer.config import load_all
+
+    load_all(project / "params.yaml")  # a typo in an override fails here, before any stage
 
 
 _held: set[Path] = set()

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from prefect_fixtures import prefect_server_fixture  # noqa: F401 (session Prefect server)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SERVED = "polling for scheduled runs"  # what `serve` prints once its deployments exist
 
-TOY_STAGES = r'''
+TOY_STAGES = r"""
 import hashlib, json, os, pathlib, sys, time
 import yaml
 
@@ -80,12 +80,12 @@ elif stage == "train":
     pathlib.Path("data/checkpoints/step_00000001.pt").write_text("partial")
     if env("TOY_STARTED"):
         pathlib.Path(env("TOY_STARTED")).touch()
-    time.sleep(float(env("TOY_TRAIN_SECONDS", "0")))
     hold = env("TOY_HOLD")
     while hold and os.path.exists(hold):
         time.sleep(0.05)
     for s in (steps // 2, steps):
-        pathlib.Path(f"data/checkpoints/step_{s:08d}.pt").write_text(f"{s} {sha('data/raw/train.en')}")
+        ckpt = pathlib.Path(f"data/checkpoints/step_{s:08d}.pt")
+        ckpt.write_text(f"{s} {sha('data/raw/train.en')}")
     os.makedirs("data/live/plots/metrics/train", exist_ok=True)
     pathlib.Path("data/live/plots/metrics/train/loss.tsv").write_text(
         "step\tloss\n" + "".join(f"{s}\t{10 / s:.3f}\n" for s in range(1, steps + 1)))
@@ -101,7 +101,7 @@ elif stage == "evaluate":
         "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.5.1",
         "lineage": {"model_sha256": sha(ckpts[-1]), "averaged_checkpoints": ckpts,
                     "tokenizer_sha256": sha("data/tokenizer/tokenizer.json")}})
-'''
+"""
 
 TOY_DVC_YAML = """
 stages:
@@ -179,23 +179,29 @@ def make_toy(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="session", name="prefect_server")
+def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A real `prefect server start` on 127.0.0.1 with a temporary PREFECT_HOME; its env."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {
-        **os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
         "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "1",
     }
     env.pop("PREFECT_API_URL", None)
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(
         [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         for _ in range(1200):
@@ -204,11 +210,21 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
                 if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
                     break
             time.sleep(0.1)
-        client_env = {**env, "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-                      "PREFECT_LOGGING_LEVEL": "INFO"}
+        client_env = {
+            **env,
+            "PREFECT_API_URL": url,
+            "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+            "PREFECT_LOGGING_LEVEL": "INFO",
+        }
         with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_HOME: str(home)}):
             yield client_env
     finally:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        # send this process's pending logs and events while the server is still up
+        APILogWorker.drain_all(timeout=15)
+        EventsWorker.drain_all(timeout=15)
         stop(proc)
         log.close()
 
@@ -231,8 +247,12 @@ def served(project: Path, env: dict[str, str], **extra: str) -> Iterator[subproc
     log_path = project.parent / f"{project.name}-serve-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.serve"], cwd=project, env={**env, **extra},
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "flows.serve"],
+            cwd=project,
+            env={**env, **extra},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             for _ in range(1200):
@@ -248,8 +268,9 @@ def served(project: Path, env: dict[str, str], **extra: str) -> Iterator[subproc
             stop(proc, signal.SIGINT)
 
 
-def deployment_run(env: dict[str, str], name: str, *args: str, watch: bool = True,
-                   cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def deployment_run(
+    env: dict[str, str], name: str, *args: str, watch: bool = True, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
     """`prefect deployment run NAME [--watch] ARGS` as a user types it."""
     cmd = [str(BIN / "prefect"), "deployment", "run", name, *(["--watch"] if watch else []), *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
@@ -265,6 +286,29 @@ def run_id(cli_output: str) -> str:
 
 def dvc_json(project: Path, *args: str):
     """`dvc ARGS --json`, parsed."""
-    r = subprocess.run([sys.executable, "-m", "dvc", *args, "--json"], cwd=project,
-                       capture_output=True, text=True, check=True)
+    cmd = [sys.executable, "-m", "dvc", *args, "--json"]
+    r = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     return json.loads(r.stdout)
+
+
+def client():
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def artifact(run: str, key: str):
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    with client() as c:
+        (found,) = c.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[run])
+            )
+        )
+    return json.loads(found.data) if found.type == "table" else found.data

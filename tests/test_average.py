@@ -16,16 +16,41 @@ from transformer.model import Transformer
 CFG = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
 
 
-def make_ckpt(path: Path, seed: int, step: int, seconds: float = 0.0, cfg: ModelConfig = CFG,
-              vocab: int = 40, dtype=torch.float32) -> Path:
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from threads, and on shared cores OpenMP waits cost seconds."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_ckpt(
+    path: Path,
+    seed: int,
+    step: int,
+    seconds: float = 0.0,
+    cfg: ModelConfig = CFG,
+    vocab: int = 40,
+    dtype=torch.float32,
+) -> Path:
     torch.manual_seed(seed)
     model = Transformer(cfg, vocab).to(dtype)
     opt = torch.optim.Adam(model.parameters())
     model(torch.tensor([[5, 6, 2]]), torch.tensor([[1, 5]])).float().sum().backward()
     opt.step()  # a real optimizer state, which the average must leave out
-    torch.save({"model": model.state_dict(), "model_config": asdict(cfg), "vocab_size": vocab,
-                "tokenizer_sha256": "abc", "step": step, "train_seconds": seconds,
-                "optimizer": opt.state_dict()}, path)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_config": asdict(cfg),
+            "vocab_size": vocab,
+            "tokenizer_sha256": "abc",
+            "step": step,
+            "train_seconds": seconds,
+            "optimizer": opt.state_dict(),
+        },
+        path,
+    )
     return path
 
 
@@ -92,8 +117,15 @@ def test_cli_writes_weights_only_model(tmp_path, capsys):
     out = tmp_path / "model.pt"
     average.main([str(ckpts), str(out), "--params", str(params)])
     ckpt = torch.load(out, weights_only=True)
-    assert set(ckpt) == {"model", "model_config", "vocab_size", "tokenizer_sha256", "step",
-                         "train_seconds", "averaged"}
+    assert set(ckpt) == {
+        "model",
+        "model_config",
+        "vocab_size",
+        "tokenizer_sha256",
+        "step",
+        "train_seconds",
+        "averaged",
+    }
     assert [a["path"] for a in ckpt["averaged"]] == ["step_00000003.pt", "step_00000004.pt"]
     assert len(ckpt["averaged"][0]["sha256"]) == 64
     with pytest.raises(SystemExit, match="error: .*params.yaml: not a readable checkpoint"):

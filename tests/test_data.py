@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.data import Batch, BatchSampler, DataError, collate
+from transformer.data import Batch, BatchSampler, DataError, _pack, collate
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -30,7 +30,8 @@ def _epoch(src, tgt, max_tokens, world_size, epoch=0, seed=1):
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_every_pair_once_per_epoch_and_equal_counts(world_size):
     src, tgt = _lens()
-    for n in (len(src), 1001):  # 1001: a count that needs batches split to divide evenly
+    assert len(_pack(src[:1012], tgt[:1012], 1024, 1)) == 37  # the case below is not trivial
+    for n in (len(src), 1012):  # 37 batches for 1012 pairs: 2 and 3 ranks need splits
         per_rank = _epoch(src[:n], tgt[:n], 1024, world_size)
         assert len({len(b) for b in per_rank}) == 1  # no rank waits for another
         seen = np.sort(np.concatenate([i for rank in per_rank for i in rank]))

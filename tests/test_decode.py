@@ -8,14 +8,30 @@ import torch
 
 from transformer import checkpoint, decode
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig
-from transformer.decode import Decoder, DecodeError, beam_search, load_translator, translate_ids
+from transformer.decode import DecodeError, Decoder, beam_search, load_translator, translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID, save_tokenizer, tokenizer_sha256, train_tokenizer
 
 V = 24
-LINES = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song",
-         "two cats and a dog", "the sun is warm today", "we read a good book",
-         "she likes green tea", "the train is late again"]
+LINES = [
+    "the cat sat on the mat",
+    "a dog ran in the park",
+    "the bird sang a song",
+    "two cats and a dog",
+    "the sun is warm today",
+    "we read a good book",
+    "she likes green tea",
+    "the train is late again",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from threads, and on shared cores OpenMP waits cost seconds."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def copy_batch(gen: torch.Generator, n: int):
@@ -129,9 +145,17 @@ def model_files(tmp_path_factory) -> tuple[Path, Path]:
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, max_positions=32)
     model = Transformer(cfg, tok.get_vocab_size())
-    checkpoint.save(d / "model.pt", {
-        "model": model.state_dict(), "model_config": asdict(cfg), "step": 1, "train_seconds": 0.0,
-        "vocab_size": tok.get_vocab_size(), "tokenizer_sha256": tokenizer_sha256(d / "tok")})
+    checkpoint.save(
+        d / "model.pt",
+        {
+            "model": model.state_dict(),
+            "model_config": asdict(cfg),
+            "step": 1,
+            "train_seconds": 0.0,
+            "vocab_size": tok.get_vocab_size(),
+            "tokenizer_sha256": tokenizer_sha256(d / "tok"),
+        },
+    )
     return d / "model.pt", d / "tok"
 
 
@@ -150,8 +174,23 @@ def test_cli_translates_a_file(model_files, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("the cat sat\n\nwe read a book\n")
     out = tmp_path / "out.txt"
-    decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o", str(out),
-                 "--beam-size", "1", "--no-progress", "--params", str(tmp_path / "none.yaml")])
+    decode.main(
+        [
+            "--model",
+            str(model),
+            "--tokenizer",
+            str(tok),
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            "--beam-size",
+            "1",
+            "--no-progress",
+            "--params",
+            str(tmp_path / "none.yaml"),
+        ]
+    )
     lines = out.read_text().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
 
@@ -161,3 +200,12 @@ def test_cli_rejects_a_file_that_is_not_a_checkpoint(model_files, tmp_path):
     bogus.write_text("hello")
     with pytest.raises(SystemExit, match=r"error: .*model\.pt: not a readable checkpoint"):
         decode.main(["--model", str(bogus), "--tokenizer", str(model_files[1])])
+
+
+def test_cache_matches_recomputing_for_pre_ln_untied_models(sources):
+    torch.manual_seed(3)
+    cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, pre_ln=True, tie_embeddings=False)
+    dec, cap = Decoder(Transformer(cfg, V).eval()), torch.full((len(sources),), 6)
+    assert beam_search(dec, sources, 3, 0.6, cap) == beam_search(
+        dec, sources, 3, 0.6, cap, use_cache=False
+    )

@@ -1,4 +1,4 @@
-"""Scoring: BLEU equals the sacrebleu CLI's, t2t compound splitting, the stage's files and lineage."""
+"""Scoring: BLEU equals the sacrebleu CLI's, t2t compound splitting, the stage's files, lineage."""
 
 import json
 import random
@@ -18,16 +18,36 @@ from transformer.evaluate import TOK_BLEU, score, tokenize_compound_split
 from transformer.model import Transformer
 from transformer.tokenizer import save_tokenizer, tokenizer_sha256, train_tokenizer
 
-LINES = ["Ein Hund läuft im Park.", "Zwei Männer spielen Fußball.", "Eine Frau liest ein Buch.",
-         "Das Kind isst einen Apfel.", "Ein Mann fährt Fahrrad.", "Die Katze schläft.",
-         "Ein Mädchen singt ein Lied.", "Drei Leute warten am Bahnhof."]
+LINES = [
+    "Ein Hund läuft im Park.",
+    "Zwei Männer spielen Fußball.",
+    "Eine Frau liest ein Buch.",
+    "Das Kind isst einen Apfel.",
+    "Ein Mann fährt Fahrrad.",
+    "Die Katze schläft.",
+    "Ein Mädchen singt ein Lied.",
+    "Drei Leute warten am Bahnhof.",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from threads, and on shared cores OpenMP waits cost seconds."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def sacrebleu_cli(ref: Path, hyp: Path, *extra: str) -> dict:
     """The `sacrebleu` console script beside this Python, JSON output (argument list, no shell)."""
     exe = shutil.which("sacrebleu", path=str(Path(sys.executable).parent)) or "sacrebleu"
-    out = subprocess.run([exe, str(ref), "-i", str(hyp), "-f", "json", "-w", "4", *extra],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [exe, str(ref), "-i", str(hyp), "-f", "json", "-w", "4", *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 
@@ -62,11 +82,16 @@ def test_compound_splitting_follows_get_ende_bleu():
     got = tokenize_compound_split(["Ein rich-text-Format, a-b-c “gut” & schnell."], "de")
     # what `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'` prints after tokenizer.perl -l de:
     # matches don't overlap, so in "a-b-c" the second hyphen stays
-    assert got == ["Ein rich ##AT##-##AT## text ##AT##-##AT## Format , a ##AT##-##AT## b-c "
-                   "&quot; gut &quot; &amp; schnell ."]
+    assert got == [
+        (
+            "Ein rich ##AT##-##AT## text ##AT##-##AT## Format , a ##AT##-##AT## b-c "
+            "&quot; gut &quot; &amp; schnell ."
+        )
+    ]
     hyps, refs = ["Das E-Mail-Programm ist neu."], ["Das E-Mail-Programm ist neu ."]
     s = score(hyps, refs, "de")
-    assert s[TOK_BLEU] == 100.0 and s["bleu"] == 100.0 and "get_ende_bleu" in s[TOK_BLEU + "_method"]
+    assert s[TOK_BLEU] == 100.0 and s["bleu"] == 100.0
+    assert "get_ende_bleu" in s[TOK_BLEU + "_method"]
     s = score(["Das E Mail Programm ist neu."], refs, "de")
     assert s[TOK_BLEU] < 100.0
 
@@ -85,13 +110,26 @@ def stage_inputs(tmp_path_factory) -> Path:
     cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
     for step in (1, 2):
         torch.manual_seed(step)
-        checkpoint.save(d / "ckpts" / f"step_{step:08d}.pt", {
-            "model": Transformer(cfg, tok.get_vocab_size()).state_dict(),
-            "model_config": asdict(cfg), "vocab_size": tok.get_vocab_size(), "step": step,
-            "train_seconds": float(step), "tokenizer_sha256": tokenizer_sha256(d / "tokenizer")})
-    (d / "params.yaml").write_text(yaml.safe_dump({
-        "average": {"last_k": 2}, "evaluate": {"split": "test"},
-        "decode": {"beam_size": 2, "max_len_b": 5}}))
+        checkpoint.save(
+            d / "ckpts" / f"step_{step:08d}.pt",
+            {
+                "model": Transformer(cfg, tok.get_vocab_size()).state_dict(),
+                "model_config": asdict(cfg),
+                "vocab_size": tok.get_vocab_size(),
+                "step": step,
+                "train_seconds": float(step),
+                "tokenizer_sha256": tokenizer_sha256(d / "tokenizer"),
+            },
+        )
+    (d / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "average": {"last_k": 2},
+                "evaluate": {"split": "test"},
+                "decode": {"beam_size": 2, "max_len_b": 5},
+            }
+        )
+    )
     return d
 
 
@@ -99,8 +137,18 @@ def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
     d = stage_inputs
     params = ["--params", str(d / "params.yaml")]
     average.main([str(d / "ckpts"), str(d / "model.pt"), *params])
-    evaluate.main([str(d / "model.pt"), str(d / "tokenizer"), str(d / "raw"), str(d / "eval"),
-                   "--metrics", str(d / "metrics.json"), "--no-progress", *params])
+    evaluate.main(
+        [
+            str(d / "model.pt"),
+            str(d / "tokenizer"),
+            str(d / "raw"),
+            str(d / "eval"),
+            "--metrics",
+            str(d / "metrics.json"),
+            "--no-progress",
+            *params,
+        ]
+    )
     m = json.loads((d / "metrics.json").read_text())
     hyps = d / "eval" / "hyps.test.txt"
     assert len(hyps.read_text(encoding="utf-8").split("\n")) == len(LINES) + 1
@@ -114,10 +162,25 @@ def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
 
 def test_several_splits_and_beams_from_the_cli(stage_inputs, tmp_path):
     d = stage_inputs
-    evaluate.main([str(d / "ckpts" / "step_00000001.pt"), str(d / "tokenizer"), str(d / "raw"),
-                   str(tmp_path), "--split", "valid", "test", "--beam-size", "1", "3",
-                   "--metrics", str(tmp_path / "m.json"), "--no-progress",
-                   "--params", str(d / "params.yaml")])
+    evaluate.main(
+        [
+            str(d / "ckpts" / "step_00000001.pt"),
+            str(d / "tokenizer"),
+            str(d / "raw"),
+            str(tmp_path),
+            "--split",
+            "valid",
+            "test",
+            "--beam-size",
+            "1",
+            "3",
+            "--metrics",
+            str(tmp_path / "m.json"),
+            "--no-progress",
+            "--params",
+            str(d / "params.yaml"),
+        ]
+    )
     m = json.loads((tmp_path / "m.json").read_text())
     assert {"valid.beam1", "test.beam1", "valid.beam3", "test.beam3", "lineage"} == set(m)
     assert m["test.beam3"]["beam_size"] == 3 and (tmp_path / "hyps.valid.beam1.txt").exists()

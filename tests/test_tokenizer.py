@@ -75,7 +75,7 @@ def test_training_is_deterministic(trained):
 
 
 def test_save_load_and_hash(trained, tmp_path):
-    kind, files, _, tok = trained
+    kind, _, _, tok = trained
     T.save_tokenizer(tok, tmp_path, {"type": kind, "src_lang": "en", "tgt_lang": "de"})
     back = T.load_tokenizer(tmp_path, expect={"type": kind})
     assert back.encode(TRICKY[5]).ids == tok.encode(TRICKY[5]).ids  # specials stay text
@@ -127,8 +127,10 @@ def test_demo_corpus_roundtrips_exactly(tmp_path):
 def test_real_data_roundtrip(shared_data, tmp_path):
     """Issue 4: >= 99.9% exact on Multi30k train and newstest2013, both tokenizer types."""
     m30k = [shared_data / f"multi30k/train.{lang}" for lang in ("en", "de")]
-    news = {lang: T.read_lines(shared_data / f"newstest2013/newstest2013.{lang}")
-            for lang in ("en", "de")}
+    news = {
+        lang: T.read_lines(shared_data / f"newstest2013/newstest2013.{lang}")
+        for lang in ("en", "de")
+    }
     train = {f.name: T.read_lines(f) for f in m30k}
     # Trained on a fifth of Multi30k to keep the test fast; all of it is then decoded, and
     # newstest2013 is out of domain (unseen characters and words).
@@ -148,8 +150,10 @@ def test_cli_writes_tokenizer_and_metrics(tmp_path):
     _files(raw, LINES)
     _files(raw, LINES[:2], "valid")
     params = tmp_path / "params.yaml"
-    params.write_text("download: {src_lang: en, tgt_lang: de}\n"
-                      "tokenizer: {type: wordpiece, vocab_size: 600, min_frequency: 1}\n")
+    params.write_text(
+        "download: {src_lang: en, tgt_lang: de}\n"
+        "tokenizer: {type: wordpiece, vocab_size: 600, min_frequency: 1}\n"
+    )
     out, metrics = tmp_path / "tok", tmp_path / "m" / "tokenizer.json"
     T.main([str(raw), str(out), "--metrics", str(metrics), "--params", str(params)])
     m = json.loads(metrics.read_text())

@@ -1,4 +1,4 @@
-"""Average the last k checkpoints into one model (paper §6.1), like fairseq's average_checkpoints.py.
+"""Average the last k checkpoints into one model (§6.1), as fairseq's average_checkpoints.py.
 
     python -m transformer.average data/checkpoints data/model.pt
     python -m transformer.average a.pt b.pt c.pt --out avg.pt      # explicit inputs
@@ -38,9 +38,10 @@ def load_checkpoint(path: Path) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         raise AverageError(f"{path}: no such checkpoint") from None
-    except Exception as e:  # a truncated file, a pickle that isn't weights-only, not a zip
+    except Exception as e:  # noqa: BLE001 (truncated, not weights-only, not a zip: torch varies)
         raise AverageError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    missing = [k for k in ("model", *SIGNATURE_KEYS) if not isinstance(ckpt, dict) or k not in ckpt]
+    need = ("model", "model_config", "vocab_size")  # tokenizer_sha256 is compared when present
+    missing = [k for k in need if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise AverageError(f"{path}: not a transformer checkpoint (missing key {missing[0]!r})")
     return ckpt
@@ -48,7 +49,7 @@ def load_checkpoint(path: Path) -> dict:
 
 def _signature(ckpt: dict) -> tuple:
     shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in ckpt["model"].items())
-    return tuple(repr(ckpt[k]) for k in SIGNATURE_KEYS) + (shapes,)
+    return tuple(repr(ckpt.get(k)) for k in SIGNATURE_KEYS) + (shapes,)
 
 
 def _describe(a: tuple, b: tuple) -> str:
@@ -65,7 +66,7 @@ def _short(x) -> str:
 
 
 def check_compatible(paths: list[Path]) -> None:
-    """All checkpoints share one architecture, vocabulary and tokenizer; else name the odd one out."""
+    """All share one architecture, vocabulary and tokenizer; else name the odd one out."""
     sigs = {p: _signature(load_checkpoint(p)) for p in paths}
     majority, _ = Counter(sigs.values()).most_common(1)[0]
     for p, sig in sigs.items():
@@ -105,8 +106,8 @@ def average_checkpoints(paths: list[Path]) -> dict:
         dtypes = {k: v.dtype for k, v in ckpt["model"].items()}
         del ckpt  # one checkpoint at a time
     model = {
-        k: (v.div_(len(paths)).to(dtypes[k]) if v.is_floating_point() else v) for k, v in acc.items()
-    }
+        k: v.div_(len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in acc.items()
+    }  # the mean, back in the checkpoints' dtype
     return {**last, "model": model, "averaged": averaged}
 
 
@@ -148,17 +149,25 @@ def save(ckpt: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m transformer.average", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("inputs", type=Path, nargs="+",
-                        help="a checkpoint directory (step_*.pt, chosen by params `average`) "
-                        "and the output path; or checkpoint files with --out")
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.average",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "inputs",
+        type=Path,
+        nargs="+",
+        help="a checkpoint directory (step_*.pt, chosen by params `average`) "
+        "and the output path; or checkpoint files with --out",
+    )
     parser.add_argument("--out", type=Path, help="output path when the inputs are files")
     parser.add_argument("--params", type=Path, default=config.PARAMS)
     args = parser.parse_args(argv)
     try:
         if args.out is None and len(args.inputs) == 2 and args.inputs[0].is_dir():
-            paths = select_checkpoints(args.inputs[0], config.load(AverageConfig, "average", args.params))
+            cfg = config.load(AverageConfig, "average", args.params)
+            paths = select_checkpoints(args.inputs[0], cfg)
             out = args.inputs[1]
         elif args.out is not None and not any(p.is_dir() for p in args.inputs):
             paths, out = args.inputs, args.out

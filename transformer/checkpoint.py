@@ -28,7 +28,7 @@ class CheckpointError(ValueError):
 
 
 def save(path: Path, ckpt: dict[str, Any]) -> None:
-    """Write `ckpt` to `path` atomically: a killed run leaves the old file or the new, never half."""
+    """Write `ckpt` to `path` atomically: a kill leaves the old file or the new, never half."""
     missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
         raise CheckpointError(f"{path}: refusing to save a checkpoint without key {missing[0]!r}")
@@ -43,7 +43,7 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... by cause
+    except Exception as e:  # noqa: BLE001  (RuntimeError, UnpicklingError, EOFError, ...)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint (corrupt or truncated?): "
                               f"{reason}") from None

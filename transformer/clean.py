@@ -114,10 +114,12 @@ class HashSet:
     def add(self, h: np.ndarray) -> None:
         if len(h) == 0:
             return
-        self.runs.append(np.unique(h))
+        self.runs.append(np.sort(h))  # repeats are harmless: membership is all we ask
         while len(self.runs) > 1 and len(self.runs[-2]) <= 2 * len(self.runs[-1]):
             last = self.runs.pop()
-            self.runs[-1] = np.union1d(self.runs[-1], last)  # sorted, unique
+            merged = np.concatenate([self.runs[-1], last])  # peak: 2x the merged run, no more
+            merged.sort(kind="stable")  # timsort: linear on two sorted runs
+            self.runs[-1] = merged
 
     def add_new(self, h: np.ndarray) -> np.ndarray:
         """(N,) bool: True where h[i] is neither a member nor seen earlier in `h`; adds those."""

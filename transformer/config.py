@@ -91,15 +91,26 @@ class DownloadConfig:
 @dataclass
 class TokenizerConfig:
     type: str = "bpe"  # bpe (joint, paper en-de) | wordpiece (paper en-fr)
-    vocab_size: int = 2000
-    min_frequency: int = 2
+    vocab_size: int = 2000  # all units: 4 specials + 256 bytes (x2 for wordpiece) + merges
+    min_frequency: int = 2  # a merge must occur this often in the train split
+
+    def __post_init__(self) -> None:
+        if self.type not in ("bpe", "wordpiece"):
+            raise ConfigError(f"tokenizer.type must be bpe or wordpiece, got {self.type!r}")
 
 
 # ----------------------------------------------------------------------------- shard
 @dataclass
 class ShardConfig:
     max_len: int = 256  # tokens per side, EOS included; longer pairs are dropped and counted
-    shard_pairs: int = 1_000_000  # pairs per shard file at most
+    shard_pairs: int = 1_000_000  # pairs per shard file at most (bounds the stage's memory)
+
+    def __post_init__(self) -> None:
+        if self.max_len < 2 or self.shard_pairs < 1:
+            raise ConfigError(
+                f"shard.max_len ({self.max_len}) must be >= 2 and shard.shard_pairs "
+                f"({self.shard_pairs}) >= 1"
+            )
 
 
 # ----------------------------------------------------------------------------- model
@@ -169,16 +180,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"train.precision must be fp32, bf16 or fp16, got {self.precision!r}")
+            raise ConfigError(f"train.precision must be fp32, bf16 or fp16, not {self.precision!r}")
         if self.lr_decay not in ("none", "linear", "cosine"):
-            raise ConfigError(f"train.lr_decay must be none, linear or cosine, got {self.lr_decay!r}")
+            raise ConfigError(f"train.lr_decay must be none, linear or cosine: {self.lr_decay!r}")
         for k in ("nproc", "max_tokens", "update_freq", "warmup_steps"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"train.{k} must be >= 1, got {getattr(self, k)}")
         if self.max_steps < 1 and self.time_budget_minutes <= 0:
-            raise ConfigError("train.max_steps must be >= 1 unless train.time_budget_minutes is set")
+            raise ConfigError("train.max_steps must be >= 1 unless time_budget_minutes is set")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ConfigError(f"train.label_smoothing must be in [0, 1): {self.label_smoothing}")
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
 

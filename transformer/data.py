@@ -13,13 +13,15 @@ from __future__ import annotations
 import bisect
 import json
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
 
 from transformer.files import sha256_file
 from transformer.tokenizer import BOS_ID, PAD_ID
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = 1
 INDEX = "index.json"
@@ -120,12 +122,22 @@ class BatchSampler:
     and every rank gets len(self) batches. The position (epoch, batch) is resumable.
     """
 
-    def __init__(self, src_lens, tgt_lens, max_tokens: int, seed: int, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True):
+    def __init__(
+        self,
+        src_lens,
+        tgt_lens,
+        max_tokens: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
         self.rank, self.world_size = rank, world_size
+        if len(src_lens) == 0:
+            raise DataError("no pairs to batch (is the split empty?)")
         self.batches = _pack(np.asarray(src_lens), np.asarray(tgt_lens), max_tokens, seed)
         self.batches = _split_to_multiple(self.batches, world_size)
         self.epoch, self.batch = 0, 0
@@ -154,22 +166,31 @@ class BatchSampler:
         self.epoch, self.batch = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch, "world_size": self.world_size,
-                "n_batches": len(self.batches)}
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "world_size": self.world_size,
+            "n_batches": len(self.batches),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume at `state`; the data, max_tokens and world_size must be as when it was saved."""
+        if not {"epoch", "batch"} <= set(state):
+            raise DataError(f"sampler state {state!r} lacks 'epoch' / 'batch'")
         for key, now in (("world_size", self.world_size), ("n_batches", len(self.batches))):
             if key in state and state[key] != now:
-                raise DataError(f"sampler state has {key}={state[key]}, but now it is {now} "
-                                "(different data, max_tokens or world size: cannot resume)")
+                raise DataError(
+                    f"sampler state has {key}={state[key]}, but now it is {now} "
+                    "(different data, max_tokens or world size: cannot resume)"
+                )
         if not 0 <= state["batch"] <= len(self):
             raise DataError(f"sampler state batch={state['batch']} not in [0, {len(self)}]")
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
 
-def _pack(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int,
-          early: float = 0.8) -> list:
+def _pack(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, early: float = 0.8
+) -> list:
     """Pack length-sorted pairs into batches of <= max_tokens padded positions per side."""
     src_lens, tgt_lens = src_lens.astype(np.int64), tgt_lens.astype(np.int64)
     longest = np.maximum(src_lens, tgt_lens)  # (N,) the side that binds the budget
@@ -205,8 +226,9 @@ def _split_to_multiple(batches: list, world_size: int) -> list:
         sizes = np.array([len(b) for b in batches])
         big = [i for i in np.argsort(-sizes, kind="stable")[:need] if sizes[i] > 1]
         if not big:
-            raise DataError(f"{sizes.sum()} pairs cannot make equal batch counts for "
-                            f"{world_size} ranks")
+            raise DataError(
+                f"{sizes.sum()} pairs cannot make equal batch counts for {world_size} ranks"
+            )
         for i in sorted(big, reverse=True):  # highest first, so earlier indices stay valid
             b = batches[i]
             batches[i : i + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
@@ -224,6 +246,8 @@ class Batch(NamedTuple):
 
 def collate(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Batch:
     """Pad a list of (src, tgt) id arrays (each ending with EOS) into a Batch of long tensors."""
+    import torch  # here, not at the top: the shard stage uses this module without torch
+
     S = max(len(s) for s, _ in pairs)
     T = max(len(t) for _, t in pairs)
     src = np.full((len(pairs), S), PAD_ID, np.int64)  # (B, S)

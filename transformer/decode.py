@@ -4,23 +4,23 @@
     transformer-translate --model data/model.pt --tokenizer data/tokenizer -i in.en -o out.de
 
 The encoder runs once per batch; the decoder caches each layer's self-attention keys/values and
-computes the cross-attention keys/values once per sentence (model.decode's cache). Sentences whose
+computes the cross-attention keys/values once per sentence, shared by its beams. Sentences whose
 beams have all finished leave the batch. Greedy decoding is beam_size=1 on the same path.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import copy
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from transformer import config
@@ -29,7 +29,14 @@ from transformer.checkpoint import load as load_checkpoint
 from transformer.config import ConfigError, DecodeConfig
 from transformer.files import atomic_write
 from transformer.model import Transformer
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    TokenizerError,
+    load_tokenizer,
+    tokenizer_sha256,
+)
 
 NEG_INF = float("-inf")
 
@@ -39,48 +46,140 @@ class DecodeError(ValueError):
 
 
 # ----------------------------------------------------------------------------- the model side
-class Decoder:
-    """A model prepared for inference in one precision: fp32, bf16 (autocast) or int8.
+class FastLinear(nn.Module):
+    """nn.Linear through oneDNN, with the weight stored once in `dtype` (fp32 or bf16).
 
-    int8 is dynamic quantization of every Linear (weights int8 once, activations per call) and of
-    the tied output projection, which is an F.linear on the embedding matrix in model.py.
+    On this AMD CPU torch's default fp32 GEMM (MKL) takes a generic path; oneDNN runs the same
+    fp32 GEMM about 2x faster (../shared/bench/peers/RESULTS.md §1). bf16 runs the GEMM on a
+    bf16 copy of the weight (cast once, not at every call as autocast would) and returns fp32.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.register_buffer("weight", weight.detach().to(dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.to(self.dtype), self.weight, self.bias, "none", [], ""
+        )
+        return y.float()  # fp32 out: the CPU attention kernel is several times slower in bf16
+
+
+def _swap_linears(module: nn.Module, dtype: torch.dtype) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, FastLinear(child.weight, child.bias, dtype))
+        else:
+            _swap_linears(child, dtype)
+
+
+class Decoder:
+    """A model prepared for inference in one precision: fp32, bf16 or int8 (a copy; `model` is
+    left as it is).
+
+    fp32 and bf16 run every Linear through oneDNN (bf16: weights bf16, LayerNorm, softmax
+    statistics and the residual stream fp32). int8 is dynamic quantization (weights int8 once,
+    activations per call). The tied output projection, an F.linear on the embedding in model.py,
+    becomes a Linear of its own so that it is converted too.
     """
 
     def __init__(self, model: Transformer, precision: str = "fp32"):
         if precision not in ("fp32", "bf16", "int8"):
             raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
-        self.model, self.precision = model.eval(), precision
-        self.max_positions = model.cfg.max_positions
+        self.precision, self.max_positions = precision, model.cfg.max_positions
         W = model.output_weight.detach()  # (V, D)
-        self.out = nn.Linear(W.size(1), W.size(0), bias=False)
-        self.out.weight = nn.Parameter(W, requires_grad=False)
+        out = nn.Linear(W.size(1), W.size(0), bias=False)
+        out.weight = nn.Parameter(W.clone(), requires_grad=False)
+        self.model, self.out = copy.deepcopy(model).eval(), nn.Sequential(out)
         if precision == "int8":
-            qd = torch.ao.quantization.quantize_dynamic
-            self.model = qd(model, {nn.Linear}, dtype=torch.qint8)
-            self.out = qd(nn.Sequential(self.out), {nn.Linear}, dtype=torch.qint8)
-
-    def autocast(self):
-        on = self.precision == "bf16"
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=on)
+            with warnings.catch_warnings():  # torch.ao.quantization is deprecated for torchao
+                warnings.simplefilter("ignore")
+                qd = torch.ao.quantization.quantize_dynamic
+                self.model = qd(self.model, {nn.Linear}, dtype=torch.qint8)
+                self.out = qd(self.out, {nn.Linear}, dtype=torch.qint8)
+        elif torch.backends.mkldnn.is_available():
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            _swap_linears(self.model, dtype)
+            _swap_linears(self.out, dtype)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         return self.model.encode(src)
 
-    def step(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, cache: dict | None) -> Tensor:
-        """Log-probabilities (B, V), fp32, of the token after `tgt_in`'s last position."""
-        h = self.model.decode_features(tgt_in, memory, src_pad_mask, cache)[:, -1]  # (B, D)
-        return self.out(h).float().log_softmax(-1)  # only the last position is projected to V
+    def logits(self, h: Tensor) -> Tensor:
+        return self.out(h).float()  # (B, V) fp32; only the last position is projected to V
+
+    def step_full(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """Logits (B, V) after tgt_in (B, t), recomputing the whole prefix: model.py's own path."""
+        return self.logits(self.model.decode_features(tgt_in, memory, src_pad_mask)[:, -1])
+
+    def start(self, memory: Tensor, src_pad_mask: Tensor, beam_size: int) -> dict:
+        """Incremental state: each layer's cross-attention K/V, once per sentence (not per beam)."""
+        cross = [layer.cross_attn.cross_kv(memory) for layer in self.model.decoder]
+        mask = ~src_pad_mask[:, None, None, :]  # (N, 1, 1, S) True = attend
+        return {"t": 0, "k": beam_size, "cross": cross, "mask": mask, "self": []}
+
+    def step(self, y: Tensor, state: dict) -> Tensor:
+        """Logits (N*k, V) after the new tokens y (N*k, 1), appending to the self-attention cache.
+
+        The k beams of a sentence are k queries against that sentence's one cross-attention K/V,
+        so the source side is neither copied per beam nor read k times.
+        """
+        m, t = self.model, state["t"]
+        x = m.embed(m.tgt_embed or m.src_embed, y, start=t)  # (N*k, 1, D); tied: one matrix
+        for i, layer in enumerate(m.decoder):
+            x = layer.res1(x, partial(self._self_attn, layer.self_attn, state=state, i=i))
+            ck, cv = state["cross"][i]  # (N, h, S, d_k)
+            x = layer.res2(x, partial(self._cross_attn, layer.cross_attn, ck, cv, state["mask"]))
+            x = layer.res3(x, layer.ff)
+        state["t"] = t + 1
+        return self.logits(m.dec_norm(x)[:, -1])
+
+    @staticmethod
+    def _cross_attn(ca: nn.Module, ck: Tensor, cv: Tensor, mask: Tensor, z: Tensor) -> Tensor:
+        N, h, _, d_k = ck.shape
+        q = ca.split(ca.q_proj(z).view(N, -1, h * d_k))  # (N, h, k, d_k): beams as queries
+        return ca.attend(q, ck, cv, mask, False).view(z.shape)  # (N, k, D) -> (N*k, 1, D)
+
+    @staticmethod
+    def _self_attn(sa: nn.Module, z: Tensor, state: dict, i: int) -> Tensor:
+        q, k, v = (sa.split(u) for u in sa.in_proj(z).chunk(3, dim=-1))  # (N*k, h, 1, d_k)
+        if i < len(state["self"]):  # the earlier positions' keys/values, then this step's
+            k = torch.cat([state["self"][i][0], k], dim=2)  # (N*k, h, t+1, d_k)
+            v = torch.cat([state["self"][i][1], v], dim=2)
+            state["self"][i] = (k, v)
+        else:
+            state["self"].append((k, v))
+        return sa.attend(q, k, v, None, False)  # one query: attends every cached position
+
+    @staticmethod
+    def reorder(state: dict, origin: Tensor, keep: Tensor | None) -> None:
+        """Follow the beams (origin (N'*k,)); sentences not in `keep` (N,) bool leave."""
+        if state["k"] > 1 or keep is not None:  # greedy: the identity until sentences leave
+            state["self"] = [
+                (k.index_select(0, origin), v.index_select(0, origin)) for k, v in state["self"]
+            ]
+        if keep is not None:
+            state["cross"] = [(ck[keep], cv[keep]) for ck, cv in state["cross"]]
+            state["mask"] = state["mask"][keep]
 
 
 def length_penalty(length: int | Tensor, alpha: float):
-    """GNMT (Wu et al. 2016) lp(Y) = ((5 + |Y|) / 6)^α; scores are log P(Y|X) / lp(Y) (§6.1 α)."""
+    """GNMT (Wu et al. 2016) lp(Y) = ((5 + |Y|) / 6)^α; a hypothesis scores log P(Y|X) / lp(Y)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
 @torch.inference_mode()
-def beam_search(dec: Decoder, src: Tensor, beam_size: int = 4, alpha: float = 0.6,
-                max_len: Tensor | None = None, min_len: int = 0,
-                use_cache: bool = True) -> list[list[int]]:
+def beam_search(
+    dec: Decoder,
+    src: Tensor,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len: Tensor | None = None,
+    min_len: int = 0,
+    use_cache: bool = True,
+) -> list[list[int]]:
     """Best hypothesis per source row of `src` (B, S), as token ids without BOS/EOS.
 
     `max_len` (B,) caps each output (default S + 50, §6.1); a hypothesis reaching it ends there.
@@ -91,27 +190,24 @@ def beam_search(dec: Decoder, src: Tensor, beam_size: int = 4, alpha: float = 0.
     if max_len is None:
         max_len = src.ne(PAD_ID).sum(1) + 50
     max_len = max_len.clamp(max=dec.max_positions).tolist()
-    with dec.autocast():
-        memory, src_pad_mask = dec.encode(src)
-    memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, D): beams of a sentence are adjacent
-    src_pad_mask = src_pad_mask.repeat_interleave(k, dim=0)  # (B*k, S)
+    memory, src_pad_mask = dec.encode(src)
+    if use_cache:
+        state = dec.start(memory, src_pad_mask, k)
+    else:  # beams of a sentence are adjacent rows
+        memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, D)
+        src_pad_mask = src_pad_mask.repeat_interleave(k, dim=0)  # (B*k, S)
     rows = list(range(B))  # the original sentence of each active row
     tokens = torch.full((B * k, 1), BOS_ID, dtype=torch.long)  # (N*k, t+1)
     scores = torch.full((B, k), NEG_INF)
     scores[:, 0] = 0.0  # all beams start identical: only the first one is live at step 0
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-    cache: dict | None = {} if use_cache else None
     for t in range(max(max_len, default=0)):
-        with dec.autocast():
-            lprobs = dec.step(tokens[:, -1:] if use_cache else tokens, memory, src_pad_mask, cache)
-        lprobs[:, PAD_ID] = lprobs[:, BOS_ID] = NEG_INF
-        if t < min_len:
-            lprobs[:, EOS_ID] = NEG_INF
-        N, V = len(rows), lprobs.size(1)
-        cand = (scores[:, :, None] + lprobs.view(N, k, V)).view(N, k * V)  # (N, k*V)
-        # 2k candidates: even if k of them end in EOS, k others remain to continue (fairseq)
-        top, idx = cand.topk(min(2 * k, k * V), dim=1)  # (N, 2k)
-        beam, tok = idx // V, idx % V
+        if use_cache:
+            logits = dec.step(tokens[:, -1:], state)
+        else:
+            logits = dec.step_full(tokens, memory, src_pad_mask)
+        top, beam, tok = candidates(logits, scores, block_eos=t < min_len)  # (N, 2k) each
+        N = len(rows)
         eos = tok.eq(EOS_ID) & top.isfinite()
         for n, j in eos[:, :k].nonzero().tolist():  # EOS among the k best: a finished hypothesis
             hyp = tokens[n * k + beam[n, j], 1:].tolist()
@@ -125,40 +221,46 @@ def beam_search(dec: Decoder, src: Tensor, beam_size: int = 4, alpha: float = 0.
         for n, r in enumerate(rows):
             if t + 1 >= max_len[r]:  # out of length: the live beams end here, without EOS
                 lp = length_penalty(t + 1, alpha)
-                finished[r] += [(scores[n, j].item() / lp, tokens[n * k + j, 1:].tolist())
-                                for j in range(k) if scores[n, j].isfinite()]
+                finished[r] += [
+                    (scores[n, j].item() / lp, tokens[n * k + j, 1:].tolist())
+                    for j in range(k)
+                    if scores[n, j].isfinite()
+                ]
             done.append(len(finished[r]) >= k or t + 1 >= max_len[r])
         if all(done):
             break
-        keep, beam_keep = torch.tensor([not d for d in done]), None
-        if not keep.all():  # drop finished sentences: later steps cost only the live ones
+        keep = torch.tensor([not d for d in done])
+        if keep.all():
+            keep = None
+        else:  # drop finished sentences: later steps cost only the live ones
             rows = [r for r, d in zip(rows, done) if not d]
             scores = scores[keep]
             beam_keep = keep.repeat_interleave(k)  # (N*k,)
             tokens, origin = tokens[beam_keep], origin[beam_keep]
         if use_cache:
-            reorder_cache(dec.model, cache, origin, beam_keep)
+            dec.reorder(state, origin, keep)
         else:
             memory, src_pad_mask = memory[origin], src_pad_mask[origin]
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
 
 
-def reorder_cache(model: Transformer, cache: dict, origin: Tensor, beam_keep: Tensor | None):
-    """Follow the beams: self-attention K/V by `origin` (N'*k,) at every step; the cross-attention
-    K/V and source mask, equal across a sentence's beams, only when sentences leave (`beam_keep`).
+def candidates(logits: Tensor, scores: Tensor, block_eos: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2k best extensions per sentence: (score, beam, token), each (N, 2k), best first.
 
-    This reads model.py's cache layout; any other layout falls back to model.reorder_cache.
+    2k so that k remain to continue even if k of them end in EOS (fairseq). A sentence's best 2k
+    lie among each of its beams' own best 2k, so no (N*k, V) log-softmax or score sum is ever
+    materialized: one logsumexp and one top-k pass over the logits (N*k, V).
     """
-    layers = cache.get("layers")
-    if not layers or not all({"k", "v", "ck", "cv"} == set(lc) for lc in layers):
-        return model.reorder_cache(cache, origin)
-    for lc in layers:
-        lc["k"], lc["v"] = lc["k"].index_select(0, origin), lc["v"].index_select(0, origin)
-        if beam_keep is not None:
-            lc["ck"], lc["cv"] = lc["ck"][beam_keep], lc["cv"][beam_keep]  # (N'*k, h, S, d_k)
-    if beam_keep is not None:
-        cache["src_pad_mask"] = cache["src_pad_mask"][beam_keep]
-    return cache
+    N, k = scores.shape
+    lse = logits.logsumexp(-1, keepdim=True)  # (N*k, 1): log P = logits - lse
+    logits[:, PAD_ID] = logits[:, BOS_ID] = NEG_INF
+    if block_eos:
+        logits[:, EOS_ID] = NEG_INF
+    c = min(2 * k, logits.size(1))
+    tok_l, tok_i = logits.topk(c, dim=1)  # (N*k, c)
+    cand = (scores.view(-1, 1) + (tok_l - lse)).view(N, k * c)  # (N, k*c)
+    top, idx = cand.topk(c, dim=1)  # (N, 2k)
+    return top, idx // c, tok_i.view(N, k * c).gather(1, idx)
 
 
 def batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
@@ -174,9 +276,14 @@ def batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
         yield batch
 
 
-def translate_ids(dec: Decoder, srcs: list[list[int]], cfg: DecodeConfig,
-                  min_len: int = 0, max_len: int | None = None,
-                  progress: bool = False) -> list[list[int]]:
+def translate_ids(
+    dec: Decoder,
+    srcs: list[list[int]],
+    cfg: DecodeConfig,
+    min_len: int = 0,
+    max_len: int | None = None,
+    progress: bool = False,
+) -> list[list[int]]:
     """Decode id lists (each ending in EOS) in length-sorted batches; results in input order.
 
     An empty source gives an empty output without touching the model.
@@ -215,7 +322,7 @@ class Translator:
     max_src: int  # source tokens (EOS included) the model can take
 
     def encode(self, lines: list[str], on_long: str = "truncate") -> list[list[int]]:
-        """Token ids (EOS appended) per line; an over-long line is truncated or rejected by number."""
+        """Ids (EOS appended) per line; an over-long line is truncated or rejected by number."""
         out = []
         encoded = self.tokenizer.encode_batch_fast([line.strip() for line in lines])
         for n, (line, enc) in enumerate(zip(lines, encoded), 1):
@@ -232,26 +339,32 @@ class Translator:
             out.append(ids + [EOS_ID])
         return out
 
-    def translate(self, lines: list[str], progress: bool = False,
-                  on_long: str = "truncate") -> list[str]:
+    def translate(
+        self, lines: list[str], progress: bool = False, on_long: str = "truncate"
+    ) -> list[str]:
         """Translate lines; an empty line gives an empty line."""
         hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
         return [self.tokenizer.decode(h, skip_special_tokens=True) if h else "" for h in hyps]
 
 
-def load_translator(model_path: Path, tokenizer_dir: Path, cfg: DecodeConfig,
-                    precision: str = "fp32") -> Translator:
-    """Build the model from its checkpoint and check the tokenizer is the one it was trained with."""
+def load_translator(
+    model_path: Path, tokenizer_dir: Path, cfg: DecodeConfig, precision: str = "fp32"
+) -> Translator:
+    """The model from its checkpoint, with the tokenizer checked to be the one it trained with."""
     ckpt = load_checkpoint(model_path)
     model = build_model(ckpt, model_path)
     tok = load_tokenizer(tokenizer_dir)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
     if want and want != got:
-        raise DecodeError(f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
-                          f"{model_path} was trained with ({want[:12]})")
+        raise DecodeError(
+            f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
+            f"{model_path} was trained with ({want[:12]})"
+        )
     if tok.get_vocab_size() != model.vocab_size:
-        raise DecodeError(f"{tokenizer_dir}: vocabulary of {tok.get_vocab_size()} tokens, "
-                          f"{model_path} has {model.vocab_size}")
+        raise DecodeError(
+            f"{tokenizer_dir}: vocabulary of {tok.get_vocab_size()} tokens, "
+            f"{model_path} has {model.vocab_size}"
+        )
     return Translator(Decoder(model, precision), tok, cfg, model.cfg.max_positions)
 
 
@@ -275,16 +388,27 @@ def write_lines(path: Path | None, lines: list[str]) -> None:
 
 def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> None:
     """The params.yaml `decode` overrides shared by the translate and evaluate CLIs."""
-    parser.add_argument("--params", type=Path, default=config.PARAMS,
-                        help="params.yaml whose sections give the defaults")
-    parser.add_argument("--beam-size", type=int, nargs="+" if multi else None,
-                        help="beam size(s) (1 = greedy); default: params decode.beam_size")
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=config.PARAMS,
+        help="params.yaml whose sections give the defaults",
+    )
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        nargs="+" if multi else None,
+        help="beam size(s) (1 = greedy); default: params decode.beam_size",
+    )
     parser.add_argument("--length-penalty", type=float, help="GNMT alpha; default: params")
     parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), help="default: params")
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
-    cfg = config.load(DecodeConfig, "decode", args.params) if args.params.exists() else DecodeConfig()
+    # no params.yaml (translating outside the project folder): the paper's defaults
+    cfg = DecodeConfig()
+    if args.params.exists():
+        cfg = config.load(DecodeConfig, "decode", args.params)
     beam = args.beam_size[0] if isinstance(args.beam_size, list) else args.beam_size
     over = {"beam_size": beam, "length_penalty": args.length_penalty, "precision": args.precision}
     cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
@@ -295,14 +419,25 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="transformer-translate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="checkpoint (trained or averaged)")
+    parser = argparse.ArgumentParser(
+        prog="transformer-translate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", type=Path, required=True, help="checkpoint (trained or averaged)"
+    )
     parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory")
-    parser.add_argument("-i", "--input", type=Path, help="source text, one sentence a line; default stdin")
+    parser.add_argument(
+        "-i", "--input", type=Path, help="source text, one sentence a line; default stdin"
+    )
     parser.add_argument("-o", "--output", type=Path, help="translations; default stdout")
-    parser.add_argument("--on-long", choices=("truncate", "error"), default="truncate",
-                        help="a line longer than the model's max_positions: truncate (warn) or fail")
+    parser.add_argument(
+        "--on-long",
+        choices=("truncate", "error"),
+        default="truncate",
+        help="a line longer than the model's max_positions: truncate (with a warning) or fail",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_decode_args(parser)
     args = parser.parse_args(argv)

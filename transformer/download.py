@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -131,7 +130,6 @@ def download(cfg: DownloadConfig, out_dir: Path) -> dict:
     }
     evals = _Eval()
     with atomic_dir(Path(out_dir)) as tmp:
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; the final folder should not be
         for split in ("valid", "test", "train"):  # eval sets first: train is filtered against them
             total, per_part, dedup = Counts(), {}, HashSet()
             paths = [tmp / f"{split}.{lang}" for lang in langs]
@@ -152,12 +150,6 @@ def download(cfg: DownloadConfig, out_dir: Path) -> dict:
             }
             log.info("%s: kept %d of %d pairs", split, total.kept, total.read)
     return manifest
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def main(argv: list[str] | None = None) -> None:

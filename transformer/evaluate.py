@@ -1,9 +1,9 @@
 """Translate a split and score it: sacreBLEU and chrF (with signatures), plus the paper's BLEU.
 
-    python -m transformer.evaluate data/model.pt data/tokenizer data/raw data/eval \
-        --metrics data/metrics/evaluate.json
-    python -m transformer.evaluate data/model.pt data/tokenizer data/raw data/eval-greedy \
-        --split valid test --beam-size 1 4 --metrics data/metrics/greedy-vs-beam.json
+    python -m transformer.evaluate MODEL TOKENIZER RAW_DIR OUT_DIR --metrics METRICS.json
+    python -m transformer.evaluate data/model.pt data/tokenizer data/raw data/eval
+    python -m transformer.evaluate data/model.pt data/tokenizer data/raw /tmp/eval
+        --split valid test --beam-size 1 4 --metrics /tmp/eval/metrics.json
 
 `bleu` is detokenized sacreBLEU, the number to compare across papers today. The paper's
 27.3/28.4 (Table 2) are tensor2tensor's get_ende_bleu.sh: Moses-tokenized, compounds split
@@ -27,8 +27,14 @@ from transformer import config
 from transformer.checkpoint import CheckpointError
 from transformer.checkpoint import load as load_checkpoint
 from transformer.config import ConfigError, DecodeConfig, DownloadConfig, EvaluateConfig
-from transformer.decode import (DecodeError, Translator, add_decode_args, decode_config,
-                                load_translator, write_lines)
+from transformer.decode import (
+    DecodeError,
+    Translator,
+    add_decode_args,
+    decode_config,
+    load_translator,
+    write_lines,
+)
 from transformer.files import atomic_write, sha256_file
 from transformer.tokenizer import TokenizerError
 
@@ -54,7 +60,7 @@ def tokenize_compound_split(lines: list[str], lang: str) -> list[str]:
 
 
 def score(hyps: list[str], refs: list[str], tgt_lang: str, tokenized_bleu: bool = True) -> dict:
-    """Corpus BLEU and chrF with their sacreBLEU signatures; optionally the paper's tokenized BLEU."""
+    """Corpus BLEU and chrF with their sacreBLEU signatures; optionally the paper's BLEU."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
     bleu, chrf = BLEU(trg_lang=tgt_lang), CHRF()
@@ -94,23 +100,36 @@ def read_split(raw_dir: Path, split: str, lang: str) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def evaluate_split(tr: Translator, raw_dir: Path, out_dir: Path, split: str, langs: tuple,
-                   ev: EvaluateConfig, hyps_name: str, progress: bool = True) -> dict:
+def evaluate_split(
+    tr: Translator,
+    raw_dir: Path,
+    out_dir: Path,
+    split: str,
+    langs: tuple,
+    ev: EvaluateConfig,
+    hyps_name: str,
+    progress: bool = True,
+) -> dict:
     """Translate raw_dir/{split}.{src}, save the hypotheses, score them against {split}.{tgt}."""
     src, refs = (read_split(raw_dir, split, lang) for lang in langs)
     if len(src) != len(refs):
-        raise DecodeError(f"{raw_dir}: {split}.{langs[0]} has {len(src)} lines, "
-                          f"{split}.{langs[1]} has {len(refs)}")
+        raise DecodeError(
+            f"{raw_dir}: {split}.{langs[0]} has {len(src)} lines, "
+            f"{split}.{langs[1]} has {len(refs)}"
+        )
     t0 = time.perf_counter()
     hyps = tr.translate(src, progress=progress)
     seconds = time.perf_counter() - t0
     write_lines(out_dir / hyps_name, hyps)
     cfg = tr.cfg
     return {
-        "split": split, "n_sentences": len(src),
+        "split": split,
+        "n_sentences": len(src),
         **score(hyps, refs, langs[1], ev.tokenized_bleu),
-        "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
-        "precision": cfg.precision, "hyps": hyps_name,
+        "beam_size": cfg.beam_size,
+        "length_penalty": cfg.length_penalty,
+        "precision": cfg.precision,
+        "hyps": hyps_name,
         "decode_seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
     }
@@ -128,19 +147,33 @@ def run(args: argparse.Namespace) -> dict:
         tr = replace(tr, cfg=replace(base, beam_size=k))
         for split in splits:
             tag = split if len(beams) == 1 else f"{split}.beam{k}"
-            runs[tag] = evaluate_split(tr, args.raw_dir, args.out_dir, split, langs, ev,
-                                       f"hyps.{tag}.txt", not args.no_progress)
+            runs[tag] = evaluate_split(
+                tr,
+                args.raw_dir,
+                args.out_dir,
+                split,
+                langs,
+                ev,
+                f"hyps.{tag}.txt",
+                not args.no_progress,
+            )
             r = runs[tag]
-            print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} tokenized compound-split "
-                  f"BLEU {r.get(TOK_BLEU, float('nan')):.2f}", file=sys.stderr)
+            print(
+                f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} tokenized compound-split "
+                f"BLEU {r.get(TOK_BLEU, float('nan')):.2f}",
+                file=sys.stderr,
+            )
     # one run: a flat record (what dvc metrics show lists); several: one record per tag
     out = next(iter(runs.values())) if len(runs) == 1 else runs
     return {**out, "lineage": lineage(args.model, args.tokenizer)}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m transformer.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("model", type=Path, help="checkpoint (trained or averaged)")
     parser.add_argument("tokenizer", type=Path, help="tokenizer directory")
     parser.add_argument("raw_dir", type=Path, help="folder with {split}.{src_lang,tgt_lang}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ def atomic_write(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the final file gets normal modes
     try:
         with open(tmp, mode, **kwargs) as f:
             yield f
@@ -35,6 +37,7 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the final folder gets normal modes
     try:
         yield tmp
         if path.exists():
@@ -50,10 +53,14 @@ def atomic_dir(path: Path) -> Iterator[Path]:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     if path.exists():
         shutil.rmtree(path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -32,20 +32,25 @@ from transformer.files import atomic_dir, atomic_write, sha256_file
 from transformer.tokenizer import EOS_ID, UNK_ID, TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
-N_BUCKETS = 32  # source-length buckets of pass 1; each one is a pair of temporary files
+N_BUCKETS = 32  # source-length buckets of pass 1; each one is three temporary files
+GATHER = 1 << 16  # pairs per read / gather step of pass 2: bounds its scratch memory
 
 
 def _chunks(src: Path, tgt: Path, size: int):
     """Line-aligned chunks ([src lines], [tgt lines]); a length mismatch is an error."""
-    with open(src, encoding="utf-8", newline="\n") as fs, open(tgt, encoding="utf-8",
-                                                               newline="\n") as ft:
+    with (
+        open(src, encoding="utf-8", newline="\n") as fs,
+        open(tgt, encoding="utf-8", newline="\n") as ft,
+    ):
         line = 0
         while True:
             a, b = _read(fs, src, line, size), _read(ft, tgt, line, size)
             if len(a) != len(b):
                 short, n = (src, len(a)) if len(a) < len(b) else (tgt, len(b))
-                raise DataError(f"{short}: ends at line {line + n}, but its other side goes on "
-                                f"({src.name} and {tgt.name} must be line-aligned)")
+                raise DataError(
+                    f"{short}: ends at line {line + n}, but its other side goes on "
+                    f"({src.name} and {tgt.name} must be line-aligned)"
+                )
             if not a:
                 return
             line += len(a)
@@ -62,14 +67,15 @@ def _read(f, path: Path, line: int, size: int) -> list[str]:
 def _flat(ids: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
     """(lengths with EOS, all ids + EOS concatenated) of a list of id lists."""
     lens = np.fromiter(map(len, ids), np.int64, len(ids)) + 1
-    flat = np.fromiter(itertools.chain.from_iterable(x + [EOS_ID] for x in ids), dtype,
-                       int(lens.sum()))
+    flat = np.fromiter(
+        itertools.chain.from_iterable(x + [EOS_ID] for x in ids), dtype, int(lens.sum())
+    )
     return lens, flat
 
 
-def _gather(flat: np.ndarray, lens: np.ndarray, pick: np.ndarray) -> np.ndarray:
+def _gather(flat: np.ndarray, lens: np.ndarray, pick: np.ndarray, starts=None) -> np.ndarray:
     """The concatenated token runs of pairs `pick`, in that order (vectorized slicing)."""
-    starts = (np.cumsum(lens) - lens)[pick]
+    starts = (np.cumsum(lens) - lens if starts is None else starts)[pick]
     n = lens[pick]
     # position of each output token = its run's start + its rank inside the run
     within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
@@ -102,23 +108,40 @@ class _Buckets:
         for b in range(N_BUCKETS):
             if not self.path(b, "len").exists():
                 continue
-            with (open(self.path(b, "len"), "rb") as fl, open(self.path(b, "src"), "rb") as fs,
-                  open(self.path(b, "tgt"), "rb") as ft):
+            with (
+                open(self.path(b, "len"), "rb") as fl,
+                open(self.path(b, "src"), "rb") as fs,
+                open(self.path(b, "tgt"), "rb") as ft,
+            ):
                 while (lens := np.fromfile(fl, np.int32, 2 * block).reshape(-1, 2)).size:
                     sl, tl = lens[:, 0].astype(np.int64), lens[:, 1].astype(np.int64)
-                    yield (sl, tl, np.fromfile(fs, dtype, int(sl.sum())),
-                           np.fromfile(ft, dtype, int(tl.sum())))
+                    yield (
+                        sl,
+                        tl,
+                        np.fromfile(fs, dtype, int(sl.sum())),
+                        np.fromfile(ft, dtype, int(tl.sum())),
+                    )
 
 
 def _write_shard(path: Path, sl, tl, src, tgt, dtype) -> dict[str, Any]:
     """One shard, sorted by (source, target) length; returns its index entry."""
     order = np.lexsort((tl, sl))
-    parts = [sl[order], tl[order], _gather(src, sl, order), _gather(tgt, tl, order)]
     with open(path, "wb") as f:  # inside the stage's atomic_dir: never seen half-written
-        for a in parts:
-            a.astype(dtype).tofile(f)
-    return {"file": path.name, "n_pairs": len(sl), "src_tokens": int(sl.sum()),
-            "tgt_tokens": int(tgt.size), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        sl[order].astype(dtype).tofile(f)
+        tl[order].astype(dtype).tofile(f)
+        for flat, lens in ((src, sl), (tgt, tl)):
+            starts = np.cumsum(lens) - lens
+            # in pieces: the gather's int64 index arrays are 4x the uint16 tokens they fetch
+            for piece in np.array_split(order, max(1, len(order) // GATHER)):
+                _gather(flat, lens, piece, starts).astype(dtype, copy=False).tofile(f)
+    return {
+        "file": path.name,
+        "n_pairs": len(sl),
+        "src_tokens": int(sl.sum()),
+        "tgt_tokens": int(tgt.size),
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
 
 
 def _encode(tok: Tokenizer, chunk: tuple[list[str], list[str]], dtype):
@@ -128,8 +151,15 @@ def _encode(tok: Tokenizer, chunk: tuple[list[str], list[str]], dtype):
     return _flat(src, dtype), _flat(tgt, dtype)
 
 
-def shard_split(tok: Tokenizer, src: Path, tgt: Path, out: Path, cfg: ShardConfig,
-                tok_sha: str, chunk: int = 20_000) -> dict[str, Any]:
+def shard_split(
+    tok: Tokenizer,
+    src: Path,
+    tgt: Path,
+    out: Path,
+    cfg: ShardConfig,
+    tok_sha: str,
+    chunk: int = 20_000,
+) -> dict[str, Any]:
     """Encode one split (src, tgt line files) into shards + index.json under `out`."""
     dtype = np.dtype(np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32)
     if cfg.max_len > np.iinfo(dtype).max:
@@ -152,7 +182,7 @@ def shard_split(tok: Tokenizer, src: Path, tgt: Path, out: Path, cfg: ShardConfi
             pending = nxt
     bar.close()
     shards, buf, k = [], [], 0
-    for block in buckets.read(dtype, cfg.shard_pairs):
+    for block in buckets.read(dtype, min(GATHER, cfg.shard_pairs)):
         buf.append(block)
         if sum(len(b[0]) for b in buf) >= cfg.shard_pairs:
             shards.append(_flush(out, k, buf, dtype, cfg.shard_pairs))
@@ -162,15 +192,27 @@ def shard_split(tok: Tokenizer, src: Path, tgt: Path, out: Path, cfg: ShardConfi
         k += 1
     shutil.rmtree(buckets.tmp)
     kept = sum(s["n_pairs"] for s in shards)
-    index = {"format": FORMAT, "tokenizer_sha256": tok_sha, "vocab_size": tok.get_vocab_size(),
-             "dtype": dtype.name, "max_len": cfg.max_len, "n_pairs": kept, "shards": shards}
+    index = {
+        "format": FORMAT,
+        "tokenizer_sha256": tok_sha,
+        "vocab_size": tok.get_vocab_size(),
+        "dtype": dtype.name,
+        "max_len": cfg.max_len,
+        "n_pairs": kept,
+        "shards": shards,
+    }
     with atomic_write(out / INDEX, "w") as f:
         json.dump(index, f, indent=1)
     n_tok = sum(s["src_tokens"] + s["tgt_tokens"] for s in shards)
-    return {"pairs_in": n, "pairs": kept, "dropped_too_long": dropped,
-            "src_tokens": sum(s["src_tokens"] for s in shards),
-            "tgt_tokens": sum(s["tgt_tokens"] for s in shards),
-            "unk_share": unk / max(n_tok, 1), "shards": len(shards)}
+    return {
+        "pairs_in": n,
+        "pairs": kept,
+        "dropped_too_long": dropped,
+        "src_tokens": sum(s["src_tokens"] for s in shards),
+        "tgt_tokens": sum(s["tgt_tokens"] for s in shards),
+        "unk_share": unk / max(n_tok, 1),
+        "shards": len(shards),
+    }
 
 
 def _flush(out: Path, k: int, buf: list, dtype, limit: int) -> dict[str, Any]:
@@ -184,8 +226,9 @@ def _flush(out: Path, k: int, buf: list, dtype, limit: int) -> dict[str, Any]:
     return _write_shard(out / shard_name(k), sl, tl, src, tgt, dtype)
 
 
-def shard(raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig,
-          langs: tuple[str, str]) -> dict[str, Any]:
+def shard(
+    raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig, langs: tuple[str, str]
+) -> dict[str, Any]:
     """The stage: every split of raw/ into out_dir/{split}/; returns the metrics."""
     tok = load_tokenizer(tok_dir, expect={"src_lang": langs[0], "tgt_lang": langs[1]})
     sha = tokenizer_sha256(tok_dir)
@@ -200,14 +243,18 @@ def shard(raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig,
                 metrics[split] = shard_split(tok, src, tgt, tmp / split, cfg, sha)
     seconds = time.perf_counter() - t0
     metrics["seconds"] = round(seconds, 2)
-    metrics["pairs_per_second"] = round(sum(m["pairs_in"] for m in metrics.values()
-                                            if isinstance(m, dict)) / seconds, 1)
+    metrics["pairs_per_second"] = round(
+        sum(m["pairs_in"] for m in metrics.values() if isinstance(m, dict)) / seconds, 1
+    )
     return metrics
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m transformer.shard", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.shard",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("raw", type=Path, help="folder with {train,valid,test}.{src,tgt lang}")
     parser.add_argument("tokenizer", type=Path, help="the tokenizer stage's output folder")
     parser.add_argument("out", type=Path, help="output folder: {split}/index.json + shards")

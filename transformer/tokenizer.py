@@ -76,13 +76,13 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
             raise TokenizerError(f"{f}: no such training file")
         if f.stat().st_size == 0:
             raise TokenizerError(f"{f}: the training split is empty")
-    common = dict(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=SPECIALS,  # added first, in order: ids 0..3
-        initial_alphabet=BYTES,  # every byte is a unit, so nothing is ever <unk>
-        show_progress=sys.stderr.isatty(),
-    )
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "min_frequency": cfg.min_frequency,
+        "special_tokens": SPECIALS,  # added first, in order: ids 0..3
+        "initial_alphabet": BYTES,  # every byte is a unit, so nothing is ever <unk>
+        "show_progress": sys.stderr.isatty(),
+    }
     if cfg.type == "bpe":
         tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe")
         trainer = trainers.BpeTrainer(**common)
@@ -185,10 +185,12 @@ def load_tokenizer(tok_dir: Path, expect: Mapping[str, Any] | None = None) -> To
         )
     for key, want in (expect or {}).items():
         if meta.get(key) != want:
-            raise TokenizerError(f"{tok_dir}/meta.json: {key} is {meta.get(key)!r}, expected {want!r}")
+            raise TokenizerError(
+                f"{tok_dir}/meta.json: {key} is {meta.get(key)!r}, expected {want!r}"
+            )
     try:
         tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
         raise TokenizerError(f"{path}: cannot be loaded ({e})") from None
     if tok.get_vocab_size() != meta.get("vocab_size"):
         raise TokenizerError(
@@ -235,14 +237,20 @@ def build(raw: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]
     }
     with atomic_dir(out_dir) as tmp:
         save_tokenizer(tok, tmp, meta)
-    valid = {lang: read_lines(Path(raw) / f"valid.{lang}") for lang in langs if
-             (Path(raw) / f"valid.{lang}").exists()}
+    valid = {
+        lang: read_lines(Path(raw) / f"valid.{lang}")
+        for lang in langs
+        if (Path(raw) / f"valid.{lang}").exists()
+    }
     return {"type": cfg.type, "vocab_size": tok.get_vocab_size(), "valid": stats(tok, valid)}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m transformer.tokenizer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.tokenizer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("raw", type=Path, help="folder with {train,valid}.{src_lang,tgt_lang}")
     parser.add_argument("out", type=Path, help="output folder: tokenizer.json + meta.json")
     parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 from tqdm import tqdm
 
 from transformer import checkpoint, config, dist
@@ -178,7 +178,8 @@ def open_live(live_dir: Path | None, resumed_step: int):
     if resumed_step:
         for tsv in Path(live_dir, "plots", "metrics").rglob("*.tsv"):
             lines = tsv.read_text().splitlines(keepends=True)
-            keep = lines[:1] + [ln for ln in lines[1:] if int(ln.split("\t")[1]) <= resumed_step]
+            col = lines[0].rstrip("\n").split("\t").index("step") if lines else 0
+            keep = lines[:1] + [ln for ln in lines[1:] if int(ln.split("\t")[col]) <= resumed_step]
             tsv.write_text("".join(keep))
     return Live(str(live_dir), resume=bool(resumed_step), save_dvc_exp=False, dvcyaml=None)
 
@@ -204,7 +205,10 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)  # §5.3
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
-    autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)  # noqa: E731
+
+    def autocast() -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights stay fp32
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
     ckpt = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
     sampler = BatchSampler(train_set.src_lens, train_set.tgt_lens, tcfg.max_tokens, tcfg.seed,
@@ -264,22 +268,24 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
         bar.update(1)
 
         final = step >= max_steps or out_of_time > 0
+        logged: dict[str, float] = {}
         if step % max(tcfg.log_every_steps, 1) == 0 or final:
             dt, t_log = time.monotonic() - t_log, time.monotonic()
-            metrics.update({"train/loss": log[0].item() / log[2].item(),
+            logged.update({"train/loss": log[0].item() / log[2].item(),
                             "train/nll": log[1].item() / log[2].item(), "train/lr": lr,
                             "train/tokens_per_s": log[2].item() / dt,
                             "train/seconds": base_seconds + time.monotonic() - t_start})
             log.zero_()
-            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", lr=f"{lr:.2e}",
-                            tok_s=f"{metrics['train/tokens_per_s']:.0f}")
+            bar.set_postfix(loss=f"{logged['train/loss']:.3f}", lr=f"{lr:.2e}",
+                            tok_s=f"{logged['train/tokens_per_s']:.0f}")
         if (tcfg.valid_every_steps > 0 and step % tcfg.valid_every_steps == 0) or final:
             v = evaluate(model, valid_set, tcfg, device, autocast)
-            metrics.update({f"valid/{k}": x for k, x in v.items()})
+            logged.update({f"valid/{k}": x for k, x in v.items()})
             t_log = time.monotonic()  # validation time is not training throughput
-        if live is not None and (step % max(tcfg.log_every_steps, 1) == 0 or final):
+        metrics.update(logged)
+        if live is not None and logged:
             live.step = step
-            for k, x in metrics.items():
+            for k, x in logged.items():
                 live.log_metric(k, x)
             live.next_step()
         seconds = base_seconds + time.monotonic() - t_start

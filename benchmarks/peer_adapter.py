@@ -1,0 +1,75 @@
+"""The project's Transformer as a peer of ../shared/bench/peers (copied from its template).
+
+    cd ../shared/bench/peers
+    PYTHONPATH=/work/main python bench.py train --shape small --rounds 3 \
+        --peers ref,ref_bf16,hf,hf_bf16 \
+        --peer mine=/work/main/benchmarks/peer_adapter.py \
+        --peer mine_bf16=/work/main/benchmarks/peer_adapter.py:autocast=bf16
+
+opts: autocast=bf16|off; paper=on drops the attention/activation dropout the shared workload
+adds (the paper has residual dropout only, §5.4).
+"""
+
+import torch
+from common import BOS, fixed_length_beam_search
+
+from transformer.config import ModelConfig
+from transformer.model import Transformer
+
+
+class Peer:
+    def __init__(self, shape, opts):
+        torch.manual_seed(0)
+        self.shape = shape
+        assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
+        paper = opts.get("paper", "off") == "on"
+        cfg = ModelConfig(d_model=shape["d_model"], d_ff=shape["ff"], n_heads=shape["heads"],
+                          n_layers=shape["enc_layers"], dropout=shape["dropout"],
+                          attention_dropout=0.0 if paper else shape["attention_dropout"],
+                          activation_dropout=0.0 if paper else shape["activation_dropout"])
+        self.model = Transformer(cfg, shape["vocab"])
+        self.autocast = opts.get("autocast", "off") == "bf16"
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
+                                    eps=1e-9, fused=True)
+
+    def train_step(self, b):
+        """The train stage's update: token-summed smoothed loss / target tokens, fused Adam."""
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            loss, _ = self.model.loss(b.src, b.tgt_in, b.tgt_out, self.shape["label_smoothing"])
+        (loss / b.n_tgt_tokens).backward()
+        self.opt.step()
+        return loss.item() / b.n_tgt_tokens
+
+    @torch.inference_mode()
+    def decode(self, src, beam, length):
+        """Exactly `length` tokens per sentence with the model's incremental KV cache."""
+        self.model.eval()
+        S = max(map(len, src))
+        x = torch.zeros(len(src), S, dtype=torch.long)
+        for i, s in enumerate(src):
+            x[i, : len(s)] = torch.tensor(s)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            memory, mask = self.model.encode(x)
+            memory, mask = memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)
+            cache = {"mem": memory, "mask": mask, "kv": {}}
+
+            def step(state, ys):
+                lo = self.model.decode(ys[:, -1:], state["mem"], state["mask"], state["kv"])
+                return torch.log_softmax(lo[:, -1].float(), -1)
+
+            def reorder(state, index):
+                self.model.reorder_cache(state["kv"], index)
+                return state
+
+            out = fixed_length_beam_search(step, reorder, cache, len(src), beam, length, bos=BOS)
+        return out.tolist()
+
+    def info(self):
+        n = sum(p.numel() for p in self.model.parameters())
+        return {"peer": "project", "params_trainable": n, "autocast": self.autocast}
+
+
+def build(shape, opts):
+    return Peer(shape, opts)

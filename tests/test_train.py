@@ -1,0 +1,168 @@
+"""The train stage: schedule, checkpoints + dvclive, exact SIGKILL resume, DDP == one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from transformer import checkpoint, download, shard, tokenizer, train
+from transformer.config import TrainConfig
+from transformer.data import BatchSampler, load_split
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1}
+TRAIN = {"max_tokens": 256, "max_steps": 6, "warmup_steps": 4, "lr_scale": 2.0, "threads": 1,
+         "save_every_steps": 2, "save_every_minutes": 0.0, "keep_last": 2,
+         "valid_every_steps": 3, "log_every_steps": 1}
+
+
+def write_params(path: Path, model: dict | None = None, **train_over) -> Path:
+    params = {"download": {"synthetic": {"train": 300, "valid": 30, "test": 10}},
+              "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+              "model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train_over}}
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A tiny synthetic corpus through the real download -> tokenizer -> shard stages."""
+    d = tmp_path_factory.mktemp("corpus")
+    p = str(write_params(d / "params.yaml"))
+    download.main([str(d / "raw"), "--params", p])
+    tokenizer.main([str(d / "raw"), str(d / "tok"), "--params", p])
+    shard.main([str(d / "raw"), str(d / "tok"), str(d / "shards"), "--params", p])
+    return d
+
+
+def run(corpus: Path, ckpt: Path, params: Path, *extra: str, nproc: int = 0,
+        wait: bool = True) -> subprocess.Popen | str:
+    """The real CLI in a subprocess (python, or torchrun with `nproc` gloo ranks): its output."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
+    cmd = [*launcher, "-m", "transformer.train", str(corpus / "shards"), str(corpus / "tok"),
+           str(ckpt), "--params", str(params), "--no-progress", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    if wait:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+        return out
+    return proc
+
+
+def test_rate_peaks_at_warmup_and_decays():
+    cfg = TrainConfig(warmup_steps=100)
+    lrs = [train.rate(s, cfg, 512) for s in range(1, 400)]
+    assert max(range(len(lrs)), key=lrs.__getitem__) + 1 == 100  # §5.3
+    assert lrs[99] == pytest.approx(512**-0.5 * 100**-0.5)
+    assert train.rate(1, TrainConfig(warmup_steps=100, lr_scale=2.0), 512) == 2 * lrs[0]
+    lin = TrainConfig(warmup_steps=100, lr_decay="linear")
+    assert train.rate(100, lin, 512, progress=0.5) == pytest.approx(lrs[99] / 2)
+    assert train.rate(100, lin, 512, progress=1.0) == 0.0
+    cos = TrainConfig(warmup_steps=100, lr_decay="cosine")
+    assert train.rate(100, cos, 512, progress=1.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
+    params = write_params(tmp_path / "params.yaml")
+    out = tmp_path / "ckpt"
+    (out).mkdir()
+    torch.save({"x": 1}, checkpoint.step_path(out, 99))  # a stale file of another run
+    train.main([str(corpus / "shards"), str(corpus / "tok"), str(out), "--live",
+                str(tmp_path / "live"), "--params", str(params), "--no-progress"])
+    names = [p.name for p in checkpoint.list_checkpoints(out)]
+    assert names == ["step_00000004.pt", "step_00000006.pt"]  # keep_last 2, the stale one gone
+    ckpt = checkpoint.load(out / names[-1])
+    assert ckpt["step"] == 6 and ckpt["train_seconds"] > 0
+    assert {"optimizer", "rng", "data", "train_config", "scheduler"} <= set(ckpt)
+    assert ckpt["model_config"]["d_model"] == 16 and ckpt["vocab_size"] == 300
+    model = checkpoint.build_model(ckpt)
+    assert not model.training
+    metrics = json.loads((tmp_path / "live" / "metrics.json").read_text())
+    assert metrics["step"] == 6 and metrics["valid"]["ppl"] > 1
+    rows = (tmp_path / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().split()
+    assert rows[:2] == ["step", "loss"] and [int(x) for x in rows[2::2]] == [1, 2, 3, 4, 5, 6]
+    first, last = float(rows[3]), float(rows[-1])
+    assert last < first  # it learns something in 6 updates
+    valid = (tmp_path / "live" / "plots" / "metrics" / "valid" / "ppl.tsv").read_text().split()
+    assert [int(x) for x in valid[2::2]] == [3, 6]
+
+
+def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
+    params = write_params(tmp_path / "params.yaml", max_steps=40, save_every_steps=5,
+                          keep_last=0, valid_every_steps=20, log_every_steps=5)
+    run(corpus, tmp_path / "full", params)
+    proc = run(corpus, tmp_path / "killed", params, "--resume", wait=False)
+    first = checkpoint.step_path(tmp_path / "killed", 5)
+    while not first.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)  # no cleanup, no final checkpoint
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "finished before it could be killed"
+    done = checkpoint.list_checkpoints(tmp_path / "killed")
+    newest = checkpoint.load(done[-1])["step"]
+    assert done[0] == first and newest < 40  # killed mid-way (normally right after step 5)
+    resumed = run(corpus, tmp_path / "killed", params, "--resume")
+    assert f"resuming from {done[-1]} (step {newest})" in resumed
+    a = checkpoint.load(checkpoint.step_path(tmp_path / "full", 40))
+    b = checkpoint.load(checkpoint.step_path(tmp_path / "killed", 40))
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k  # bit for bit
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+    assert a["data"] == b["data"]
+
+
+def test_two_gloo_processes_match_one_process(corpus, tmp_path):
+    ds = load_split(corpus / "shards", "train")
+    # the same global batches: 2 ranks x 1 micro-batch == 1 process x 2 micro-batches
+    max_tokens = next(m for m in range(256, 400, 8)
+                      if len(BatchSampler(ds.src_lens, ds.tgt_lens, m, 1).batches) % 2 == 0)
+    common = {"max_tokens": max_tokens, "max_steps": 3, "save_every_steps": 0,
+              "valid_every_steps": 0}
+    one = write_params(tmp_path / "one.yaml", {"dropout": 0.0}, update_freq=2, **common)
+    two = write_params(tmp_path / "two.yaml", {"dropout": 0.0}, update_freq=1, nproc=2, **common)
+    run(corpus, tmp_path / "one", one)
+    run(corpus, tmp_path / "two", two, nproc=2)
+    a = checkpoint.load(checkpoint.step_path(tmp_path / "one", 3))
+    b = checkpoint.load(checkpoint.step_path(tmp_path / "two", 3))
+    assert b["world_size"] == 2 and len(b["rng"]) == 2
+    start = train.Transformer(train.ModelConfig(**a["model_config"]), 300).state_dict()
+    moved = 0
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+        moved += not torch.equal(v, start[k])
+    assert moved > 0  # the comparison is not between two untrained models
+
+
+def test_bad_inputs_give_clear_errors(corpus, tmp_path):
+    args = [str(corpus / "shards"), str(corpus / "tok"), str(tmp_path / "ckpt"), "--no-progress"]
+    fp16 = write_params(tmp_path / "fp16.yaml", precision="fp16")
+    with pytest.raises(SystemExit, match="fp16 needs CUDA"):
+        train.main([*args, "--params", str(fp16)])
+    bad = write_params(tmp_path / "bad.yaml", {"d_model": 18, "n_heads": 4})
+    with pytest.raises(SystemExit, match="divisible by model.n_heads"):
+        train.main([*args, "--params", str(bad)])
+    corrupt = checkpoint.step_path(tmp_path / "ckpt", 2)
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    ok = write_params(tmp_path / "ok.yaml")
+    with pytest.raises(SystemExit, match=r"step_00000002\.pt: not a readable checkpoint"):
+        train.main([*args, "--params", str(ok), "--resume"])
+    boom = write_params(tmp_path / "boom.yaml", lr_scale=1e30, max_steps=20, save_every_steps=1)
+    corrupt.unlink()
+    with pytest.raises(SystemExit, match=r"non-finite loss .* at step \d+"):
+        train.main([*args, "--params", str(boom)])
+    saved = [checkpoint.load(p)["model"] for p in checkpoint.list_checkpoints(tmp_path / "ckpt")]
+    assert all(torch.isfinite(t).all() for s in saved for t in s.values())
