@@ -334,7 +334,7 @@ def write_preset(name: str, out: Path = PARAMS) -> None:
     merged = preset_params(name)
     header = f"# Written by `python -m transformer.config preset {name}`; edit freely.\n"
     with atomic_write(out, "w") as f:
-        f.write(header + yaml.safe_dump(merged, sort_keys=False, default_flow_style=None))
+        f.write(header + yaml.safe_dump(merged, sort_keys=False, default_flow_style=False))
 
 
 def main(argv: list[str] | None = None) -> None:
