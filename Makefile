@@ -32,7 +32,7 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python -m transformer.config check
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show data/metrics/evaluate.json
 
 test: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q

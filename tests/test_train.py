@@ -166,3 +166,27 @@ def test_bad_inputs_give_clear_errors(corpus, tmp_path):
         train.main([*args, "--params", str(boom)])
     saved = [checkpoint.load(p)["model"] for p in checkpoint.list_checkpoints(tmp_path / "ckpt")]
     assert all(torch.isfinite(t).all() for s in saved for t in s.values())
+
+
+def test_resume_only_when_the_result_would_be_the_same(tmp_path):
+    """A checkpoint is continued only if a fresh run with today's params reaches it too."""
+    from dataclasses import asdict
+
+    from transformer import checkpoint
+    from transformer.config import ModelConfig, TrainConfig
+    from transformer.train import find_resume
+
+    def meta(**train):
+        return {"model_config": asdict(ModelConfig()), "vocab_size": 300, "world_size": 1,
+                "tokenizer_sha256": "abc", "train_config": asdict(TrainConfig(**train))}
+
+    checkpoint.save(checkpoint.step_path(tmp_path, 20),
+                    {**meta(max_steps=20), "model": {}, "step": 20, "optimizer": {}})
+    assert find_resume(tmp_path, meta(max_steps=40))[0] is not None  # more steps: continue
+    assert find_resume(tmp_path, meta(max_steps=40, log_every_steps=3))[0] is not None
+    path, why = find_resume(tmp_path, meta(max_steps=10))  # fewer steps than already done
+    assert path is None and "past train.max_steps" in why
+    path, why = find_resume(tmp_path, meta(max_steps=40, lr_scale=2.0))  # another trajectory
+    assert path is None and "lr_scale" in why
+    path, why = find_resume(tmp_path, meta(max_steps=40, lr_decay="linear"))
+    assert path is None and "lr_decay" in why

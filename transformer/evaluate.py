@@ -39,11 +39,10 @@ from transformer.files import atomic_write, sha256_file
 from transformer.tokenizer import TokenizerError
 
 TOK_BLEU = "bleu_tok_compound_split"
-TOK_BLEU_METHOD = (
-    "tensor2tensor get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG "
-    "(sacremoses), compounds split as ##AT##-##AT##, multi-bleu.perl (sacreBLEU tokenize=none); "
-    "comparable to the paper's 27.3/28.4, not to sacreBLEU"
-)
+# tensor2tensor's get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG
+# (here sacremoses), compounds split as ##AT##-##AT##, then multi-bleu.perl (sacreBLEU with
+# tokenize=none). Comparable to the paper's 27.3/28.4, not to sacreBLEU.
+TOK_BLEU_METHOD = "tensor2tensor get_ende_bleu.sh (tokenized, compound-split; paper-comparable)"
 COMPOUND = re.compile(r"(\S)-(\S)")  # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
 
 

@@ -32,8 +32,11 @@ from transformer.data import BatchSampler, DataError, collate, load_split
 from transformer.model import PAD_ID, Transformer
 from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
 
-# train_config keys that fix the batch stream: a checkpoint differing in one cannot be resumed
-STREAM_KEYS = ("seed", "max_tokens", "update_freq")
+# train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
+# only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
+# so that the result is always what a fresh run with today's params.yaml would give.
+RESUME_FREE_KEYS = frozenset({"max_steps", "time_budget_minutes", "valid_every_steps",
+                              "log_every_steps", "threads"})
 
 
 class NonFiniteLoss(RuntimeError):
@@ -105,10 +108,18 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     for key, want in meta.items():
         have = ckpt.get(key)
         if key == "train_config" and isinstance(have, dict):
-            have = {k: have.get(k) for k in STREAM_KEYS}
-            want = {k: want[k] for k in STREAM_KEYS}
+            # with a decay, max_steps / the budget shape the rate from the first step on
+            free = RESUME_FREE_KEYS if want["lr_decay"] == "none" else RESUME_FREE_KEYS - {
+                "max_steps", "time_budget_minutes"}
+            have = {k: v for k, v in have.items() if k not in free}
+            want = {k: v for k, v in want.items() if k not in free}
         if have != want:
-            return None, f"{paths[-1]}: {key} differs ({have!r} vs {want!r})"
+            keys = sorted(k for k in want if have.get(k) != want[k]) if (
+                isinstance(have, dict) and isinstance(want, dict)) else []
+            return None, f"{paths[-1]}: {key} differs {keys or ''}"
+    max_steps = meta["train_config"]["max_steps"]
+    if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
+        return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
     if "optimizer" not in ckpt:
         return None, f"{paths[-1]}: not a training checkpoint (no optimizer state)"
     return paths[-1], ""
