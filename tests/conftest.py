@@ -27,3 +27,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (../shared/data beside the checkout)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on shared cores OpenMP waits cost seconds."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -16,13 +16,7 @@ from transformer.model import Transformer
 CFG = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and on shared cores OpenMP waits cost seconds."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_ckpt(

@@ -25,13 +25,7 @@ LINES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and on shared cores OpenMP waits cost seconds."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def copy_batch(gen: torch.Generator, n: int):
