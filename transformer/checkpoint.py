@@ -44,9 +44,9 @@ def load(path: Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (RuntimeError, UnpicklingError, EOFError, ...)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint (corrupt or truncated?): "
-                              f"{reason}") from None
+        # torch's own text for these suggests weights_only=False: never right for a stranger's file
+        raise CheckpointError(f"{path}: not a readable checkpoint (corrupt, truncated, or not a "
+                              f"torch checkpoint of plain tensors: {type(e).__name__})") from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path}: not a checkpoint of this project (a {type(ckpt).__name__}"
                               f", expected a dict with keys {', '.join(REQUIRED)})")
