@@ -128,3 +128,8 @@ def test_cli_writes_weights_only_model(tmp_path, capsys):
         empty = tmp_path / "empty"
         empty.mkdir()
         average.main([str(empty), str(out), "--params", str(params)])
+
+
+def test_missing_checkpoint_dir_is_named(tmp_path):
+    with pytest.raises(SystemExit, match=r"error: .*nope: no such checkpoint directory"):
+        average.main([str(tmp_path / "nope"), str(tmp_path / "model.pt")])

@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=config.PARAMS)
     args = parser.parse_args(argv)
     try:
+        if args.out is None and len(args.inputs) == 2 and not args.inputs[0].exists():
+            raise AverageError(f"{args.inputs[0]}: no such checkpoint directory "
+                               "(run the train stage first)")
         if args.out is None and len(args.inputs) == 2 and args.inputs[0].is_dir():
             cfg = config.load(AverageConfig, "average", args.params)
             paths = select_checkpoints(args.inputs[0], cfg)
