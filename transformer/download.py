@@ -11,7 +11,6 @@ lines read, kept and dropped by reason, plus the sha256 of every output file.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from tqdm import tqdm
 from transformer import config
 from transformer.clean import Counts, HashSet, hashes, normalize, pair_filter
 from transformer.config import ConfigError, DownloadConfig
-from transformer.files import atomic_dir, atomic_write, sha256_file
+from transformer.files import atomic_dir, sha256_file, write_json
 from transformer.sources import SPLITS, Part, SourceError, parts_for
 
 log = logging.getLogger("transformer.download")
@@ -168,8 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, DownloadError, SourceError, OSError) as e:
         sys.exit(f"error: {e}")
     if args.manifest:
-        with atomic_write(args.manifest, "w") as f:
-            json.dump(manifest, f, indent=2)
+        write_json(args.manifest, manifest)
     for split in SPLITS:
         s = manifest["splits"][split]
         print(f"{split}: {s['kept']} pairs kept of {s['read']} read")

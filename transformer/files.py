@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -61,6 +62,12 @@ def _umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it
     os.umask(mask)
     return mask
+
+
+def write_json(path: Path, obj, indent: int = 2) -> None:
+    """`obj` as JSON at `path`, atomically (metrics, manifests, indexes)."""
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from transformer import config
 from transformer.config import ConfigError, DownloadConfig, ShardConfig
 from transformer.data import FORMAT, INDEX, DataError, shard_name
-from transformer.files import atomic_dir, atomic_write, sha256_file
+from transformer.files import atomic_dir, sha256_file, write_json
 from transformer.tokenizer import EOS_ID, UNK_ID, TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
@@ -201,8 +201,7 @@ def shard_split(
         "n_pairs": kept,
         "shards": shards,
     }
-    with atomic_write(out / INDEX, "w") as f:
-        json.dump(index, f, indent=1)
+    write_json(out / INDEX, index, indent=1)
     n_tok = sum(s["src_tokens"] + s["tgt_tokens"] for s in shards)
     return {
         "pairs_in": n,
@@ -268,8 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     except (DataError, TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")
     if args.metrics:
-        with atomic_write(args.metrics, "w") as f:
-            json.dump(metrics, f, indent=2)
+        write_json(args.metrics, metrics)
     print(json.dumps(metrics, indent=2))
 
 

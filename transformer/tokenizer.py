@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from transformer import config
 from transformer.config import ConfigError, DownloadConfig, TokenizerConfig
-from transformer.files import atomic_dir, atomic_write, sha256_file
+from transformer.files import atomic_dir, atomic_write, sha256_file, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 # Mixing punctuation and letters, these strings can never be one pre-token of GPT-2's regex,
@@ -148,8 +148,7 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, meta: dict) -> None:
         "tokenizer_sha256": sha256_file(out_dir / "tokenizer.json"),
         "tokenizers_version": tokenizers.__version__,
     }
-    with atomic_write(out_dir / "meta.json", "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2)
+    write_json(out_dir / "meta.json", meta)
 
 
 def read_meta(tok_dir: Path) -> dict[str, Any]:
@@ -263,8 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     except (TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")
     if args.metrics:
-        with atomic_write(args.metrics, "w") as f:
-            json.dump(metrics, f, indent=2)
+        write_json(args.metrics, metrics)
     print(json.dumps(metrics, indent=2))
 
 
