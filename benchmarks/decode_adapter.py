@@ -13,6 +13,7 @@ import torch
 
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.decode import Decoder, translate_ids
+from transformer.dist import keep_freed_memory
 from transformer.model import Transformer
 
 
@@ -46,4 +47,5 @@ class Peer:
 
 
 def build(shape: dict, opts: dict) -> Peer:
+    keep_freed_memory()  # as the translate / evaluate processes do
     return Peer(shape, opts)

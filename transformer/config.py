@@ -177,6 +177,7 @@ class TrainConfig:
     threads: int = 0  # torch.set_num_threads; 0 = torch's default
     lr_decay: str = "none"  # none (§5.3) | linear | cosine: x(1 - progress) to 0 at the end
     fused_adam: bool = True  # one fused kernel for Adam (CPU and CUDA); False = foreach
+    compile_loss: bool = False  # torch.compile the loss: ~2.5x faster, needs a C++ compiler (CPU)
 
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "bf16", "fp16"):

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from transformer import config
+from transformer import config, dist
 from transformer.checkpoint import CheckpointError, build_model
 from transformer.checkpoint import load as load_checkpoint
 from transformer.config import ConfigError, DecodeConfig
@@ -157,12 +157,15 @@ class Decoder:
     def reorder(state: dict, origin: Tensor, keep: Tensor | None) -> None:
         """Follow the beams (origin (N'*k,)); sentences not in `keep` (N,) bool leave."""
         if state["k"] > 1 or keep is not None:  # greedy: the identity until sentences leave
-            state["self"] = [
-                (k.index_select(0, origin), v.index_select(0, origin)) for k, v in state["self"]
-            ]
+            state["self"] = [(_rows(k, origin), _rows(v, origin)) for k, v in state["self"]]
         if keep is not None:
             state["cross"] = [(ck[keep], cv[keep]) for ck, cv in state["cross"]]
             state["mask"] = state["mask"][keep]
+
+
+def _rows(x: Tensor, index: Tensor) -> Tensor:
+    """x.index_select(0, index), through a 2-D view: ~5x faster on CPU for (B, h, t, d_k)."""
+    return x.reshape(x.size(0), -1).index_select(0, index).view(-1, *x.shape[1:])
 
 
 def length_penalty(length: int | Tensor, alpha: float):
@@ -441,6 +444,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_decode_args(parser)
     args = parser.parse_args(argv)
+    dist.keep_freed_memory()  # see there: 2x decoding speed on glibc
     try:
         cfg = decode_config(args)
         tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision)

@@ -1,4 +1,5 @@
-"""The only module importing torch.distributed: process-group setup and the few collectives.
+"""Process setup: the only module importing torch.distributed (process group, the few
+collectives), and the CPU allocator setting every training and decoding process uses.
 
 Launched by `torchrun`, each process reads RANK / WORLD_SIZE / LOCAL_RANK from the environment
 (single node: `--standalone --nproc_per_node=N`; multi-node: `--nnodes --rdzv_endpoint ...`).
@@ -7,7 +8,9 @@ Without torchrun it is one process with no process group, and every helper is a 
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -16,8 +19,28 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
+def keep_freed_memory() -> bool:
+    """Make glibc malloc keep freed memory for reuse instead of returning it to the OS.
+
+    A step allocates and frees the same multi-MB activations, KV caches and (N, V) logits again
+    and again. By default glibc serves such blocks with mmap and unmaps them on free, so every
+    step page-faults its memory in afresh: measured here, that halved decoding speed and cost
+    ~20% of training speed (what jemalloc/tcmalloc preloads fix elsewhere). The process then
+    holds on to its peak memory. True when set (Linux glibc; elsewhere a no-op).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))
+    except (OSError, AttributeError):  # musl or another libc: keep its defaults
+        return False
+
+
 def init() -> tuple[int, int, torch.device]:
     """(rank, world_size, device); NCCL with one GPU per process when CUDA exists, gloo on CPU."""
+    keep_freed_memory()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cpu")

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-
-PAD_ID = 0  # architecture.md; tokenizer.py holds the same constant
+from transformer.ops import PAD_ID, dropout, label_smoothed_loss
 
 
 def sinusoids(n_pos: int, d_model: int) -> Tensor:
@@ -54,10 +53,25 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-        p = self.p_attn if self.training else 0.0
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        if self.training and self.p_attn > 0:
+            o = self.attend_with_dropout(q, k, v, mask, causal)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         B, h, T, d_k = o.shape
         return self.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, D)
+
+    def attend_with_dropout(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                            causal: bool) -> Tensor:
+        """Eq. 1 spelled out: SDPA with dropout_p > 0 takes the same math path on CPU, but draws
+        its mask with the slow Bernoulli sampler."""
+        scores = q @ k.transpose(-2, -1) * self.d_k**-0.5  # (B, h, T, S)
+        if causal:
+            T, S = scores.shape[-2:]
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = dropout(torch.softmax(scores, dim=-1), self.p_attn, True)
+        return weights.to(v.dtype) @ v  # (B, h, T, d_k)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """Self-attention over x (B, T, D); `mask` (B, 1, 1|T, T) bool, True = attend."""
@@ -75,14 +89,13 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w1, self.w2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
-        # nn.Identity when off: a p=0 dropout still costs a pass over (B, T, d_ff)
-        self.drop = nn.Dropout(cfg.activation_dropout) if cfg.activation_dropout else nn.Identity()
+        self.p_act = cfg.activation_dropout
         for lin in (self.w1, self.w2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.drop(F.relu(self.w1(x))))
+        return self.w2(dropout(self.w1(x), self.p_act, self.training, relu=True))
 
 
 class Residual(nn.Module):
@@ -90,13 +103,12 @@ class Residual(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm, self.drop = nn.LayerNorm(cfg.d_model), nn.Dropout(cfg.dropout)
-        self.pre_ln = cfg.pre_ln
+        self.norm, self.p, self.pre_ln = nn.LayerNorm(cfg.d_model), cfg.dropout, cfg.pre_ln
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.pre_ln:
-            return x + self.drop(sublayer(self.norm(x)))
-        return self.norm(x + self.drop(sublayer(x)))  # §5.4 residual dropout
+            return x + dropout(sublayer(self.norm(x)), self.p, self.training)
+        return self.norm(x + dropout(sublayer(x), self.p, self.training))  # §5.4 residual dropout
 
 
 class EncoderLayer(nn.Module):
@@ -156,12 +168,12 @@ class Transformer(nn.Module):
             nn.init.normal_(self.tgt_embed.weight, 0.0, D**-0.5)
             self.out_weight = nn.Parameter(torch.randn(vocab_size, D) * D**-0.5)
         self.register_buffer("pe", sinusoids(cfg.max_positions, D), persistent=False)
-        self.drop = nn.Dropout(cfg.dropout)  # §5.4 on embeddings + positions
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         # pre-LN leaves the residual stream un-normalised: one final LayerNorm per stack
         self.enc_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
         self.dec_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
+        self.loss_fn = label_smoothed_loss  # train.py may swap in ops.compiled_loss
 
     @property
     def output_weight(self) -> Tensor:
@@ -172,7 +184,8 @@ class Transformer(nn.Module):
         if end > self.cfg.max_positions:
             raise ValueError(f"sequence length {end} exceeds model.max_positions "
                              f"({self.cfg.max_positions})")
-        return self.drop(emb(ids) * math.sqrt(self.cfg.d_model) + self.pe[start:end])  # (B, T, D)
+        x = emb(ids) * math.sqrt(self.cfg.d_model) + self.pe[start:end]  # (B, T, D)
+        return dropout(x, self.cfg.dropout, self.training)  # §5.4 on embeddings + positions
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) -> memory (B, S, D), src_pad_mask (B, S) bool, True = pad."""
@@ -229,7 +242,7 @@ class Transformer(nn.Module):
         h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
         keep = tgt_out.ne(PAD_ID)
         h, target = h[keep], tgt_out[keep]  # (N, D), (N,): the V-sized GEMM skips padding
-        return label_smoothed_loss(F.linear(h, self.output_weight), target, eps)
+        return self.loss_fn(F.linear(h, self.output_weight), target, eps)
 
     @staticmethod
     def reorder_cache(cache: dict, index: Tensor) -> dict:
@@ -238,59 +251,3 @@ class Transformer(nn.Module):
         cache["layers"] = [{k: v.index_select(0, index) for k, v in lc.items()}
                            for lc in cache["layers"]]
         return cache
-
-
-def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float,
-                        pad_id: int = PAD_ID) -> tuple[Tensor, Tensor]:
-    """§5.4 label smoothing: (loss_sum, nll_sum) over targets != pad_id.
-
-    loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e. cross-entropy against (1-eps)·onehot + eps/V,
-    as F.cross_entropy(label_smoothing=eps). Computed from logsumexp without a (N, V) log-prob
-    tensor.
-    """
-    logits = logits.reshape(-1, logits.size(-1))  # (N, V)
-    target = target.reshape(-1)
-    keep = target.ne(pad_id)
-    if not bool(keep.all()):
-        logits, target = logits[keep], target[keep]
-    return _SmoothedCE.apply(logits, target, eps)
-
-
-class _SmoothedCE(torch.autograd.Function):
-    """Label-smoothed cross-entropy with a hand-written backward: softmax - smoothed one-hot.
-
-    Autograd of the plain formula keeps several (N, V) fp32 temporaries; this keeps the logits
-    and the (N,) logsumexp only, and computes in fp32 chunk by chunk (bf16 logits stay bf16).
-    """
-
-    CHUNK = 2048  # rows at a time: bounds the fp32 working set on a 32k vocabulary
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, eps: float):
-        lse = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
-        mean = torch.empty_like(lse)
-        for i in range(0, logits.size(0), _SmoothedCE.CHUNK):
-            x = logits[i:i + _SmoothedCE.CHUNK].float()  # (n, V)
-            lse[i:i + x.size(0)] = torch.logsumexp(x, dim=-1)
-            mean[i:i + x.size(0)] = x.mean(dim=-1)
-        nll = lse - logits.gather(1, target[:, None]).squeeze(1).float()
-        loss = (1.0 - eps) * nll + eps * (lse - mean)  # -mean_v log p_v = lse - mean_v logit_v
-        ctx.save_for_backward(logits, target, lse)
-        ctx.eps = eps
-        return loss.sum(), nll.sum()
-
-    @staticmethod
-    def backward(ctx, g_loss: Tensor, g_nll: Tensor):
-        logits, target, lse = ctx.saved_tensors
-        eps, V = ctx.eps, logits.size(1)
-        grad = torch.empty_like(logits)
-        rows = torch.arange(logits.size(0), device=logits.device)
-        # d/dlogit: g_loss·(softmax - (1-eps)·onehot - eps/V) + g_nll·(softmax - onehot)
-        for i in range(0, logits.size(0), _SmoothedCE.CHUNK):
-            j = i + _SmoothedCE.CHUNK
-            p = torch.exp(logits[i:j].float() - lse[i:j, None])  # (n, V) softmax
-            p.mul_(g_loss + g_nll).sub_(g_loss * eps / V)
-            r, t = rows[i:j] - i, target[i:j]
-            p[r, t] -= g_loss * (1.0 - eps) + g_nll
-            grad[i:j] = p
-        return grad, None, None

@@ -30,6 +30,7 @@ from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, DataError, collate, load_split
 from transformer.model import PAD_ID, Transformer
+from transformer.ops import compiled_loss
 from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
 
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
@@ -212,6 +213,8 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     model = Transformer(mcfg, vocab).to(device)
+    if tcfg.compile_loss:
+        model.loss_fn = compiled_loss
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)  # §5.3
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
