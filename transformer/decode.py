@@ -145,27 +145,66 @@ class Decoder:
     @staticmethod
     def _self_attn(sa: nn.Module, z: Tensor, state: dict, i: int) -> Tensor:
         q, k, v = (sa.split(u) for u in sa.in_proj(z).chunk(3, dim=-1))  # (N*k, h, 1, d_k)
-        if i < len(state["self"]):  # the earlier positions' keys/values, then this step's
-            k = torch.cat([state["self"][i][0], k], dim=2)  # (N*k, h, t+1, d_k)
-            v = torch.cat([state["self"][i][1], v], dim=2)
-            state["self"][i] = (k, v)
-        else:
-            state["self"].append((k, v))
-        return sa.attend(q, k, v, None, False)  # one query: attends every cached position
+        if i == len(state["self"]):
+            state["self"].append(SelfCache())
+        k, v = state["self"][i].append(k, v)  # (N*k, h, t+1, d_k): earlier positions, then this
+        # one query attends every cached position: two batched GEMVs on the strided cache views
+        w = torch.softmax(q @ k.transpose(-2, -1) * sa.d_k**-0.5, dim=-1)  # (N*k, h, 1, t+1)
+        o = w @ v  # (N*k, h, 1, d_k)
+        return sa.out_proj(o.transpose(1, 2).reshape(z.shape))  # (N*k, 1, D)
 
     @staticmethod
     def reorder(state: dict, origin: Tensor, keep: Tensor | None) -> None:
         """Follow the beams (origin (N'*k,)); sentences not in `keep` (N,) bool leave."""
         if state["k"] > 1 or keep is not None:  # greedy: the identity until sentences leave
-            state["self"] = [(_rows(k, origin), _rows(v, origin)) for k, v in state["self"]]
+            for cache in state["self"]:
+                cache.select(origin)
         if keep is not None:
             state["cross"] = [(ck[keep], cv[keep]) for ck, cv in state["cross"]]
             state["mask"] = state["mask"][keep]
 
 
-def _rows(x: Tensor, index: Tensor) -> Tensor:
-    """x.index_select(0, index), through a 2-D view: ~5x faster on CPU for (B, h, t, d_k)."""
-    return x.reshape(x.size(0), -1).index_select(0, index).view(-1, *x.shape[1:])
+class SelfCache:
+    """One decoder layer's self-attention keys and values, (rows, h, capacity, d_k), in place.
+
+    A step writes one position; following the beams copies whole rows with one 2-D index_select
+    into a spare buffer (~5x faster on CPU than on the 4-D tensor); capacity doubles when full.
+    torch.cat at every step would copy the whole prefix and allocate anew each time.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.spare: tuple[Tensor, Tensor] | None = None
+        self.t = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's k, v (rows, h, 1, d_k); the views of all positions so far."""
+        if self.k is None or self.t == self.k.size(2):
+            self._grow(k)
+        self.k[:, :, self.t] = k[:, :, 0]
+        self.v[:, :, self.t] = v[:, :, 0]
+        self.t += 1
+        return self.k[:, :, : self.t], self.v[:, :, : self.t]
+
+    def _grow(self, like: Tensor) -> None:
+        R, h, _, d_k = like.shape
+        cap = max(16, 2 * self.t)
+        k, v = like.new_empty(R, h, cap, d_k), like.new_empty(R, h, cap, d_k)
+        if self.t:
+            k[:, :, : self.t], v[:, :, : self.t] = self.k[:, :, : self.t], self.v[:, :, : self.t]
+        self.k, self.v, self.spare = k, v, None
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` (R',), in that order; R' never exceeds the current row count."""
+        if self.spare is None:
+            self.spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+        R, old = index.numel(), (self.k, self.v)
+        for src, dst in zip(old, self.spare):
+            torch.index_select(src.view(src.size(0), -1), 0, index,
+                               out=dst.view(dst.size(0), -1)[:R])
+        self.k, self.v = (x[:R] for x in self.spare)
+        self.spare = old
 
 
 def length_penalty(length: int | Tensor, alpha: float):
