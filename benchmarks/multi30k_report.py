@@ -66,11 +66,12 @@ def report(run: Path, curve: float, int8: bool) -> None:
         print("\n| training minutes | update | val greedy BLEU |\n|---|---|---|")
         mark = curve
         for ckpt in sorted((run / "curve").glob(STEP_GLOB)):
-            if minutes(ckpt) < mark:
+            mins = minutes(ckpt)  # loads the whole training checkpoint: once each
+            if mins < mark:
                 continue
-            mark = (minutes(ckpt) // curve + 1) * curve  # the first checkpoint past each mark
+            mark = (mins // curve + 1) * curve  # the first checkpoint past each mark
             m = evaluate(run, ckpt.resolve(), ["valid"], [1], f"curve-{ckpt.stem}")
-            print(f"| {minutes(ckpt):.1f} | {int(ckpt.stem[5:])} | {m['bleu']:.1f} |")
+            print(f"| {mins:.1f} | {int(ckpt.stem[5:])} | {m['bleu']:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,8 +6,9 @@
         --peer mine=/work/main/benchmarks/peer_adapter.py \
         --peer mine_bf16=/work/main/benchmarks/peer_adapter.py:autocast=bf16
 
-opts: autocast=bf16|off; compile=on uses the inductor-fused loss (train.compile_loss); paper=on drops the attention/activation dropout the shared workload
-adds (the paper has residual dropout only, §5.4).
+opts: autocast=bf16|off; compile=on uses the inductor-fused loss (train.compile_loss);
+paper=on drops the attention/activation dropout the shared workload adds (the paper has residual
+dropout only, §5.4).
 """
 
 import torch
