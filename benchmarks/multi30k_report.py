@@ -46,7 +46,7 @@ def row(name: str, m: dict) -> str:
 
 
 def report(run: Path, curve: float, int8: bool) -> None:
-    last = sorted((run / "data" / "checkpoints").glob(STEP_GLOB))[-1]
+    last = max((run / "data" / "checkpoints").glob(STEP_GLOB))
     avg = run / "data" / "model.pt"
     print(f"\n### {run}  (last: {last.name}, {minutes(last):.1f} training minutes)\n")
     print("| model | val greedy | val beam 4 | test greedy | test beam 4 | test chrF (beam 4) |")

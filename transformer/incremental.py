@@ -1,0 +1,195 @@
+"""The model side of decoding: a Transformer prepared for inference in one precision, stepping
+one token at a time with cached keys and values (§3.2.3, §6.1); beam search is in decode.py.
+
+The encoder runs once per batch; each decoder layer keeps its self-attention keys/values in a
+preallocated cache and computes the cross-attention keys/values once per sentence, shared by its
+beams.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from transformer.config import ConfigError
+from transformer.model import Transformer
+
+NEG_INF = float("-inf")
+
+
+class FastLinear(nn.Module):
+    """nn.Linear through oneDNN, with the weight stored once in `dtype` (fp32 or bf16).
+
+    On this AMD CPU torch's default fp32 GEMM (MKL) takes a generic path; oneDNN runs the same
+    fp32 GEMM about 2x faster (../shared/bench/peers/RESULTS.md §1). bf16 runs the GEMM on a
+    bf16 copy of the weight (cast once, not at every call as autocast would) and returns fp32.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.register_buffer("weight", weight.detach().to(dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.to(self.dtype), self.weight, self.bias, "none", [], ""
+        )
+        return y.float()  # fp32 out: the CPU attention kernel is several times slower in bf16
+
+
+def _swap_linears(module: nn.Module, dtype: torch.dtype) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, FastLinear(child.weight, child.bias, dtype))
+        else:
+            _swap_linears(child, dtype)
+
+
+class Decoder:
+    """A model prepared for inference in one precision: fp32, bf16 or int8 (a copy; `model` is
+    left as it is).
+
+    fp32 and bf16 run every Linear through oneDNN (bf16: weights bf16, LayerNorm, softmax
+    statistics and the residual stream fp32). int8 is dynamic quantization (weights int8 once,
+    activations per call). The tied output projection, an F.linear on the embedding in model.py,
+    becomes a Linear of its own so that it is converted too.
+    """
+
+    def __init__(self, model: Transformer, precision: str = "fp32"):
+        if precision not in ("fp32", "bf16", "int8"):
+            raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
+        self.precision, self.max_positions = precision, model.cfg.max_positions
+        W = model.output_weight.detach()  # (V, D)
+        out = nn.Linear(W.size(1), W.size(0), bias=False)
+        out.weight = nn.Parameter(W.clone(), requires_grad=False)
+        self.model, self.out = copy.deepcopy(model).eval(), nn.Sequential(out)
+        if precision == "int8":
+            with warnings.catch_warnings():  # torch.ao.quantization is deprecated for torchao
+                warnings.simplefilter("ignore")
+                qd = torch.ao.quantization.quantize_dynamic
+                self.model = qd(self.model, {nn.Linear}, dtype=torch.qint8)
+                self.out = qd(self.out, {nn.Linear}, dtype=torch.qint8)
+        elif torch.backends.mkldnn.is_available():
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+            _swap_linears(self.model, dtype)
+            _swap_linears(self.out, dtype)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        return self.model.encode(src)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return self.out(h).float()  # (B, V) fp32; only the last position is projected to V
+
+    def step_full(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """Logits (B, V) after tgt_in (B, t), recomputing the whole prefix: model.py's own path."""
+        return self.logits(self.model.decode_features(tgt_in, memory, src_pad_mask)[:, -1])
+
+    def start(self, memory: Tensor, src_pad_mask: Tensor, beam_size: int) -> dict:
+        """Incremental state: each layer's cross-attention K/V, once per sentence (not per beam)."""
+        # contiguous once, or every step's batched matmul would copy the transposed views
+        cross = [
+            tuple(x.contiguous() for x in layer.cross_attn.cross_kv(memory))
+            for layer in self.model.decoder
+        ]
+        bias = torch.zeros(src_pad_mask.shape).masked_fill_(src_pad_mask, NEG_INF)  # (N, S)
+        return {"t": 0, "k": beam_size, "cross": cross, "bias": bias[:, None, None], "self": []}
+
+    def step(self, y: Tensor, state: dict) -> Tensor:
+        """Logits (N*k, V) after the new tokens y (N*k, 1), appending to the self-attention cache.
+
+        The k beams of a sentence are k queries against that sentence's one cross-attention K/V,
+        so the source side is neither copied per beam nor read k times.
+        """
+        m, t = self.model, state["t"]
+        x = m.embed(m.tgt_embed or m.src_embed, y, start=t)  # (N*k, 1, D); tied: one matrix
+        for i, layer in enumerate(m.decoder):
+            x = layer.res1(x, partial(self._self_attn, layer.self_attn, state=state, i=i))
+            ck, cv = state["cross"][i]  # (N, h, S, d_k)
+            x = layer.res2(x, partial(self._cross_attn, layer.cross_attn, ck, cv, state["bias"]))
+            x = layer.res3(x, layer.ff)
+        state["t"] = t + 1
+        return self.logits(m.dec_norm(x)[:, -1])
+
+    @staticmethod
+    def _cross_attn(ca: nn.Module, ck: Tensor, cv: Tensor, bias: Tensor, z: Tensor) -> Tensor:
+        N, h, _, d_k = ck.shape
+        q = ca.split(ca.q_proj(z).view(N, -1, h * d_k))  # (N, h, k, d_k): beams as queries
+        return _attend_few(ca, q, ck, cv, bias).view(z.shape)  # (N, k, D) -> (N*k, 1, D)
+
+    @staticmethod
+    def _self_attn(sa: nn.Module, z: Tensor, state: dict, i: int) -> Tensor:
+        q, k, v = (sa.split(u) for u in sa.in_proj(z).chunk(3, dim=-1))  # (N*k, h, 1, d_k)
+        if i == len(state["self"]):
+            state["self"].append(SelfCache())
+        k, v = state["self"][i].append(k, v)  # (N*k, h, t+1, d_k): earlier positions, then this
+        return _attend_few(sa, q, k, v, None)  # (N*k, 1, D)
+
+    @staticmethod
+    def reorder(state: dict, origin: Tensor, keep: Tensor | None) -> None:
+        """Follow the beams (origin (N'*k,)); sentences not in `keep` (N,) bool leave."""
+        if state["k"] > 1 or keep is not None:  # greedy: the identity until sentences leave
+            for cache in state["self"]:
+                cache.select(origin)
+        if keep is not None:
+            state["cross"] = [(ck[keep], cv[keep]) for ck, cv in state["cross"]]
+            state["bias"] = state["bias"][keep]
+
+
+def _attend_few(att: nn.Module, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """Eq. 1 for a few queries per row (q (B, h, T, d_k), T = 1 or k beams) as two batched
+    GEMVs: ~6x faster on CPU than the flash-attention kernel, which tiles for long queries.
+    `bias` (B, 1, 1, S) is 0 or -inf (padding); k, v may be strided views of a cache."""
+    scores = q @ k.transpose(-2, -1) * att.d_k**-0.5  # (B, h, T, S)
+    if bias is not None:
+        scores += bias
+    o = torch.softmax(scores, dim=-1) @ v  # (B, h, T, d_k)
+    B, h, T, d_k = o.shape
+    return att.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, D)
+
+
+class SelfCache:
+    """One decoder layer's self-attention keys and values, (rows, h, capacity, d_k), in place.
+
+    A step writes one position; following the beams copies whole rows with one 2-D index_select
+    into a spare buffer (~5x faster on CPU than on the 4-D tensor); capacity doubles when full.
+    torch.cat at every step would copy the whole prefix and allocate anew each time.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.spare: tuple[Tensor, Tensor] | None = None
+        self.t = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's k, v (rows, h, 1, d_k); the views of all positions so far."""
+        if self.k is None or self.t == self.k.size(2):
+            self._grow(k)
+        self.k[:, :, self.t] = k[:, :, 0]
+        self.v[:, :, self.t] = v[:, :, 0]
+        self.t += 1
+        return self.k[:, :, : self.t], self.v[:, :, : self.t]
+
+    def _grow(self, like: Tensor) -> None:
+        R, h, _, d_k = like.shape
+        cap = max(16, 2 * self.t)
+        k, v = like.new_empty(R, h, cap, d_k), like.new_empty(R, h, cap, d_k)
+        if self.t:
+            k[:, :, : self.t], v[:, :, : self.t] = self.k[:, :, : self.t], self.v[:, :, : self.t]
+        self.k, self.v, self.spare = k, v, None
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` (R',), in that order; R' never exceeds the current row count."""
+        if self.spare is None:
+            self.spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+        R, old = index.numel(), (self.k, self.v)
+        for src, dst in zip(old, self.spare):
+            torch.index_select(src.view(src.size(0), -1), 0, index,
+                               out=dst.view(dst.size(0), -1)[:R])
+        self.k, self.v = (x[:R] for x in self.spare)
+        self.spare = old
