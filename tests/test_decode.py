@@ -226,3 +226,20 @@ def test_candidate_scores_are_log_probabilities():
     total = (scores[:, :, None] + want.view(2, 3, 500)).view(2, -1)  # (N, k*V)
     assert torch.allclose(top, total.topk(6, dim=1)[0], atol=1e-4)
     assert torch.allclose(top, total.gather(1, beam * 500 + tok), atol=1e-4)
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 16])
+def test_self_cache_grows_and_follows_beams_like_concatenation(capacity):
+    from transformer.incremental import SelfCache
+
+    gen = torch.Generator().manual_seed(capacity)
+    cache, ref_k, ref_v = SelfCache(capacity), torch.zeros(6, 2, 0, 4), torch.zeros(6, 2, 0, 4)
+    for t in range(20):
+        k, v = torch.randn(2, ref_k.size(0), 2, 1, 4, generator=gen).unbind(0)  # (R, h, 1, d_k)
+        got_k, got_v = cache.append(k, v)
+        ref_k, ref_v = torch.cat([ref_k, k], 2), torch.cat([ref_v, v], 2)
+        assert torch.equal(got_k, ref_k) and torch.equal(got_v, ref_v)
+        if t % 5 == 4:  # beams reordered, and from t=14 on one row leaves
+            index = torch.randint(0, ref_k.size(0), (ref_k.size(0) - (t >= 14),), generator=gen)
+            cache.select(index)
+            ref_k, ref_v = ref_k[index], ref_v[index]

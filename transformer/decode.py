@@ -67,7 +67,7 @@ def beam_search(
     max_len = max_len.clamp(max=dec.max_positions).tolist()
     memory, src_pad_mask = dec.encode(src)
     if use_cache:
-        state = dec.start(memory, src_pad_mask, k)
+        state = dec.start(memory, src_pad_mask, k, steps=max(max_len, default=0))
     else:  # beams of a sentence are adjacent rows
         memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, D)
         src_pad_mask = src_pad_mask.repeat_interleave(k, dim=0)  # (B*k, S)
