@@ -90,10 +90,11 @@ def evaluate(model: Transformer, dataset, cfg: TrainConfig, device, autocast) ->
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     for idx in list(sampler)[dist.rank() :: dist.world_size()]:  # each rank a disjoint share
         b = collate([dataset[j] for j in idx])
+        tgt_out = b.tgt_out.to(device)
         with autocast():
-            loss, nll = model.loss(b.src.to(device), b.tgt_in.to(device), b.tgt_out.to(device),
+            loss, nll = model.loss(b.src.to(device), b.tgt_in.to(device), tgt_out,
                                    cfg.label_smoothing)
-        sums += torch.stack([loss.double(), nll.double(), b.tgt_out.ne(PAD_ID).sum().double()])
+        sums += torch.stack([loss.double(), nll.double(), tgt_out.ne(PAD_ID).sum().double()])
     loss, nll, n = dist.all_reduce_sum(sums).tolist()
     model.train()
     n = max(n, 1.0)
