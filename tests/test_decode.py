@@ -104,8 +104,11 @@ def test_beam_search_finds_better_scores_than_greedy(copy_model, sources):
         lp = copy_model(sources[i : i + 1], tgt)[0].log_softmax(-1)
         return float(lp.gather(1, torch.tensor(hyp + [EOS_ID])[:, None]).sum())
 
+    # Not a theorem per sentence: greedy's prefix can fall out of the 4 best and every survivor
+    # end worse (sentence 13 here: -16.3 against greedy's -13.2). Over the set it must gain.
     with torch.no_grad():
-        assert all(logp(i, b) >= logp(i, g) - 1e-4 for i, (b, g) in enumerate(zip(beam, greedy)))
+        gain = [logp(i, b) - logp(i, g) for i, (b, g) in enumerate(zip(beam, greedy))]
+    assert sum(gain) > 0 and sum(x > 1e-4 for x in gain) > sum(x < -1e-4 for x in gain)
 
 
 def test_lengths_are_bounded_and_order_is_kept(copy_model, sources):
