@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from transformer import checkpoint, decode
-from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig
+from transformer.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
 from transformer.decode import DecodeError, Decoder, beam_search, load_translator, translate_ids
+from transformer.dist import native_bf16
 from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID, save_tokenizer, tokenizer_sha256, train_tokenizer
 
@@ -124,12 +125,23 @@ def test_lengths_are_bounded_and_order_is_kept(copy_model, sources):
     assert one_batch == tiny_batches == alone
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8"])
+NATIVE_BF16 = native_bf16(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("precision", [
+    pytest.param("bf16", marks=pytest.mark.skipif(not NATIVE_BF16, reason="no native bf16 CPU")),
+    "int8"])
 def test_fast_modes_mostly_agree_with_fp32(copy_model, sources, precision):
     srcs = [r[r.ne(0)].tolist() for r in sources]
     ref = translate_ids(Decoder(copy_model), srcs, DecodeConfig())
     got = translate_ids(Decoder(copy_model, precision), srcs, DecodeConfig())
     assert sum(a == b for a, b in zip(ref, got)) >= len(srcs) // 2
+
+
+@pytest.mark.skipif(NATIVE_BF16, reason="this CPU has native bf16")
+def test_bf16_without_native_support_is_a_clear_error(copy_model):
+    with pytest.raises(ConfigError, match="decode.precision bf16 needs a CPU with native bf16"):
+        Decoder(copy_model, "bf16")
 
 
 # ----------------------------------------------------------------------------- text and CLI

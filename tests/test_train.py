@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from transformer import checkpoint, download, shard, tokenizer, train
+from transformer import checkpoint, dist, download, shard, tokenizer, train
 from transformer.config import TrainConfig
 from transformer.data import BatchSampler, load_split
 
@@ -72,6 +72,18 @@ def test_rate_peaks_at_warmup_and_decays():
     assert train.rate(100, lin, 512, progress=1.0) == 0.0
     cos = TrainConfig(warmup_steps=100, lr_decay="cosine")
     assert train.rate(100, cos, 512, progress=1.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_precision_auto_follows_the_hardware():
+    cpu = torch.device("cpu")
+    native = dist.native_bf16(cpu)
+    assert dist.resolve_precision("auto", cpu, "train.precision") == ("bf16" if native else "fp32")
+    assert dist.resolve_precision("fp32", cpu, "train.precision") == "fp32"
+    if native:
+        assert dist.resolve_precision("bf16", cpu, "train.precision") == "bf16"
+    else:  # emulated bf16 GEMMs are ~100x slower: refused, naming the key
+        with pytest.raises(ValueError, match="train.precision: bf16 needs native bf16"):
+            dist.resolve_precision("bf16", cpu, "train.precision")
 
 
 def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):

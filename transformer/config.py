@@ -168,7 +168,7 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # §5.3
     adam_eps: float = 1e-9
     clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 on CUDA only)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (CUDA only) | auto (bf16 where native, else fp32)
     save_every_steps: int = 100
     save_every_minutes: float = 10.0  # §6.1: checkpoints at 10-minute intervals
     keep_last: int = 5
@@ -180,8 +180,9 @@ class TrainConfig:
     compile_loss: bool = False  # torch.compile the loss: ~2.5x faster, needs a C++ compiler (CPU)
 
     def __post_init__(self) -> None:
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"train.precision must be fp32, bf16 or fp16, not {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "fp16", "auto"):
+            raise ConfigError(
+                f"train.precision must be fp32, bf16, fp16 or auto, not {self.precision!r}")
         if self.lr_decay not in ("none", "linear", "cosine"):
             raise ConfigError(f"train.lr_decay must be none, linear or cosine: {self.lr_decay!r}")
         for k in ("nproc", "max_tokens", "update_freq", "warmup_steps"):

@@ -205,7 +205,11 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     if tcfg.precision == "fp16" and device.type != "cuda":
-        raise ConfigError("train.precision fp16 needs CUDA (use bf16 on CPU)")
+        raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
+    try:
+        precision = dist.resolve_precision(tcfg.precision, device, "train.precision")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     vocab, sha = load_tokenizer(tokenizer_dir).get_vocab_size(), tokenizer_sha256(tokenizer_dir)
     train_set = load_split(shards_dir, "train", sha)
     valid_set = load_split(shards_dir, "valid", sha)
@@ -218,8 +222,9 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
         model.loss_fn = compiled_loss
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)  # §5.3
-    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    dist.print0(f"training in {precision} on {device}")
 
     def autocast() -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights stay fp32
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
