@@ -12,11 +12,12 @@ TORCH_PIP_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DVC_NO_ANALYTICS ?= 1
 
-.PHONY: setup demo test test-fast clean-data help
+.PHONY: setup demo multi30k test test-fast clean-data help
 
 help:
 	@echo "make demo   - install into $(VENV) and run the offline demo pipeline (dvc repro)"
 	@echo "make test   - install into $(VENV) and run the whole test suite"
+	@echo "make multi30k - the multi30k-en-de preset: real Multi30k, 60 minutes of training"
 	@echo "make setup  - only install"
 
 $(STAMP): pyproject.toml
@@ -32,6 +33,16 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python -m transformer.config check
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show data/metrics/evaluate.json
+
+# jemalloc where installed (apt-get install libjemalloc2): glibc's heap fragments over an hour
+# of varying batch shapes (README, "Multi30k on a 2-core CPU")
+JEMALLOC := $(firstword $(wildcard /usr/lib/*-linux-gnu/libjemalloc.so.2))
+
+multi30k: setup
+	@test -n "$(JEMALLOC)" || echo "warning: no libjemalloc.so.2; glibc malloc slows long runs"
+	$(BIN)/python -m transformer.config preset multi30k-en-de
+	PATH=$(abspath $(BIN)):$$PATH LD_PRELOAD=$(JEMALLOC) $(BIN)/dvc repro
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show data/metrics/evaluate.json
 
 test: setup

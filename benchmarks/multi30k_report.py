@@ -40,17 +40,18 @@ def minutes(path: Path) -> float:
 
 
 def row(name: str, m: dict) -> str:
-    cells = [m[f"{s}.beam{b}"]["bleu"] for s in ("valid", "test") for b in (1, 4)]
-    chrf = m["test.beam4"]["chrf"]
-    return f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {chrf:.1f} |"
+    cells = [m[f"{s}.beam{b}"][k] for s in ("valid", "test")
+             for b, k in ((1, "bleu"), (4, "bleu"), (4, "chrf"))]
+    return f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
 
 
 def report(run: Path, curve: float, int8: bool) -> None:
     last = max((run / "data" / "checkpoints").glob(STEP_GLOB))
     avg = run / "data" / "model.pt"
     print(f"\n### {run}  (last: {last.name}, {minutes(last):.1f} training minutes)\n")
-    print("| model | val greedy | val beam 4 | test greedy | test beam 4 | test chrF (beam 4) |")
-    print("|---|---|---|---|---|---|")
+    print("| model | val greedy | val beam 4 | val chrF (beam 4) | test greedy | test beam 4 "
+          "| test chrF (beam 4) |")
+    print("|---|---|---|---|---|---|---|")
     both = ["valid", "test"]
     sig = None
     for name, model in (("last checkpoint", last), ("average", avg)):
@@ -59,8 +60,9 @@ def report(run: Path, curve: float, int8: bool) -> None:
         print(row(name, m))
     if int8:
         m = evaluate(run, avg, both, [4], "average-int8", precision="int8")
-        print(f"| average, int8 | | {m['valid']['bleu']:.1f} | | "  # one beam size: keyed by split
-              f"{m['test']['bleu']:.1f} | {m['test']['chrf']:.1f} |")
+        v, t = m["valid"], m["test"]  # one beam size: keyed by split
+        print(f"| average, int8 | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} | "
+              f"{t['chrf']:.1f} |")
     print(f"\nsacreBLEU {sig}")
     if curve:
         print("\n| training minutes | update | val greedy BLEU |\n|---|---|---|")

@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only}
     # val BLEU is what the sweep compares; the paper-style tokenized BLEU needs sacremoses
-    base = config._merge(base, {"evaluate": {"tokenized_bleu": False}})
-    merged = {n: config._merge(base, overrides_to_tree(o or {})) for n, o in variants.items()}
+    base = config.merge(base, {"evaluate": {"tokenized_bleu": False}})
+    merged = {n: config.merge(base, overrides_to_tree(o or {})) for n, o in variants.items()}
     args.sweep.mkdir(parents=True, exist_ok=True)
     if args.prepare:
         for p in merged.values():

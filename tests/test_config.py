@@ -1,5 +1,6 @@
 """params.yaml loading: typed sections, unknown keys and presets are errors that name the key."""
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,21 @@ def test_preset_cli_roundtrip(tmp_path):
 
 def test_repo_params_is_valid():
     config.load_all(Path(__file__).resolve().parents[1] / "params.yaml")
+
+
+def test_sweep_variants_are_valid_params(tmp_path):
+    """benchmarks/multi30k_variants.yaml: every variant is a valid params.yaml; a typo is named."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("sweep", root / "benchmarks/multi30k_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    base = config.preset_params("multi30k-en-de")
+    variants = yaml.safe_load((root / "benchmarks/multi30k_variants.yaml").read_text())
+    assert len(variants) >= 40
+    for name, over in variants.items():
+        params = config.merge(base, sweep.overrides_to_tree(over))
+        sections = config.load_all(write(tmp_path / f"{name}.yaml", params))
+        assert sections["train"].max_steps == over["train.max_steps"]
+    typo = config.merge(base, sweep.overrides_to_tree({"train.lr_scael": 1.0}))
+    with pytest.raises(ConfigError, match="train.lr_scael"):
+        config.load_all(write(tmp_path / "typo.yaml", typo))

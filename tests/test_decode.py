@@ -140,7 +140,7 @@ def test_fast_modes_mostly_agree_with_fp32(copy_model, sources, precision):
 
 @pytest.mark.skipif(NATIVE_BF16, reason="this CPU has native bf16")
 def test_bf16_without_native_support_is_a_clear_error(copy_model):
-    with pytest.raises(ConfigError, match="decode.precision bf16 needs a CPU with native bf16"):
+    with pytest.raises(ConfigError, match="decode.precision: bf16 needs native bf16"):
         Decoder(copy_model, "bf16")
 
 

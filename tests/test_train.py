@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from transformer import checkpoint, dist, download, shard, tokenizer, train
-from transformer.config import TrainConfig
+from transformer.config import ConfigError, TrainConfig
 from transformer.data import BatchSampler, load_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_precision_auto_follows_the_hardware():
     if native:
         assert dist.resolve_precision("bf16", cpu, "train.precision") == "bf16"
     else:  # emulated bf16 GEMMs are ~100x slower: refused, naming the key
-        with pytest.raises(ValueError, match="train.precision: bf16 needs native bf16"):
+        with pytest.raises(ConfigError, match="train.precision: bf16 needs native bf16"):
             dist.resolve_precision("bf16", cpu, "train.precision")
 
 

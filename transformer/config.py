@@ -307,10 +307,11 @@ def load_all(path: Path = PARAMS) -> dict[str, Any]:
     return {name: _build(cls, data.get(name) or {}, name, str(path)) for name, cls in SECTIONS.items()}
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge(base: dict, over: dict) -> dict:
+    """`over` laid over `base`, nested mappings merged key by key (neither is modified)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -325,7 +326,7 @@ def preset_params(name: str) -> dict[str, Any]:
         raise ConfigError(f"no preset {name!r} (available: {', '.join(presets())})")
     over = yaml.safe_load(path.read_text()) or {}
     defaults = {n: dataclasses.asdict(cls()) for n, cls in SECTIONS.items()}
-    merged = _merge(defaults, over)
+    merged = merge(defaults, over)
     for name_, cls in SECTIONS.items():  # validate before anything is written
         _build(cls, merged[name_], name_, str(path))
     return merged

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from transformer.config import ConfigError
+
 
 def keep_freed_memory() -> bool:
     """Make glibc malloc keep freed memory for reuse instead of returning it to the OS.
@@ -55,9 +57,10 @@ def resolve_precision(precision: str, device: torch.device, key: str) -> str:
         return "bf16" if native_bf16(device) else "fp32"
     if precision == "bf16" and not native_bf16(device):
         cap = torch.backends.cpu.get_cpu_capability() if device.type == "cpu" else device.type
-        raise ValueError(f"{key}: bf16 needs native bf16 matmuls (AVX-512 BF16 or AMX on a CPU); "
-                         f"this {device.type} has {cap}, where bf16 runs ~100x slower than "
-                         f"fp32. Use fp32, or auto (bf16 where native, else fp32)")
+        raise ConfigError(
+            f"{key}: bf16 needs native bf16 matmuls (AVX-512 BF16 or AMX on a CPU); this "
+            f"{device.type} has {cap}, where bf16 runs ~100x slower than fp32. Use fp32 (or int8 "
+            "to decode), or auto to train (bf16 where native)")
     return precision
 
 

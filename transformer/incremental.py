@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import ConfigError
-from transformer.dist import native_bf16
+from transformer.dist import resolve_precision
 from transformer.model import Transformer
 
 NEG_INF = float("-inf")
@@ -69,10 +69,7 @@ class Decoder:
     def __init__(self, model: Transformer, precision: str = "fp32"):
         if precision not in ("fp32", "bf16", "int8"):
             raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
-        if precision == "bf16" and not native_bf16(torch.device("cpu")):
-            raise ConfigError("decode.precision bf16 needs a CPU with native bf16 (AVX-512 BF16 "
-                              f"or AMX); this one has {torch.backends.cpu.get_cpu_capability()}: "
-                              "use fp32 or int8")
+        resolve_precision(precision, torch.device("cpu"), "decode.precision")  # bf16: native?
         self.precision, self.max_positions = precision, model.cfg.max_positions
         W = model.output_weight.detach()  # (V, D)
         out = nn.Linear(W.size(1), W.size(0), bias=False)

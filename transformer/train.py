@@ -206,10 +206,7 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
         torch.set_num_threads(tcfg.threads)
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
-    try:
-        precision = dist.resolve_precision(tcfg.precision, device, "train.precision")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    precision = dist.resolve_precision(tcfg.precision, device, "train.precision")
     vocab, sha = load_tokenizer(tokenizer_dir).get_vocab_size(), tokenizer_sha256(tokenizer_dir)
     train_set = load_split(shards_dir, "train", sha)
     valid_set = load_split(shards_dir, "valid", sha)
