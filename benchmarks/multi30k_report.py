@@ -1,6 +1,7 @@
 """The Multi30k results table and BLEU-over-time curve of finished training runs.
 
     python benchmarks/multi30k_report.py RUN_DIR [RUN_DIR ...] [--curve MINUTES] [--int8]
+        [--length-penalty ALPHA ...]
 
 RUN_DIR is a checkout after `python -m transformer.config preset multi30k-en-de && dvc repro`:
 its params.yaml, data/tokenizer, data/raw, data/checkpoints (the newest is "last") and
@@ -25,12 +26,14 @@ STEP_GLOB = "step_*.pt"
 
 
 def evaluate(run: Path, model: Path, splits: list[str], beams: list[int], tag: str,
-             precision: str = "fp32") -> dict:
-    out = run / "report" / tag
+             precision: str = "fp32", length_penalty: float | None = None) -> dict:
+    out = run / "report" / (tag if length_penalty is None else f"{tag}-lp{length_penalty}")
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "transformer.evaluate", str(model), "data/tokenizer", "data/raw",
            str(out), "--metrics", str(out / "metrics.json"), "--no-progress",
            "--split", *splits, "--beam-size", *map(str, beams), "--precision", precision]
+    if length_penalty is not None:
+        cmd += ["--length-penalty", str(length_penalty)]
     subprocess.run(cmd, cwd=run, check=True)
     return json.loads((out / "metrics.json").read_text())
 
@@ -45,7 +48,7 @@ def row(name: str, m: dict) -> str:
     return f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
 
 
-def report(run: Path, curve: float, int8: bool) -> None:
+def report(run: Path, curve: float, int8: bool, length_penalties: list[float]) -> None:
     last = max((run / "data" / "checkpoints").glob(STEP_GLOB))
     avg = run / "data" / "model.pt"
     print(f"\n### {run}  (last: {last.name}, {minutes(last):.1f} training minutes)\n")
@@ -63,6 +66,12 @@ def report(run: Path, curve: float, int8: bool) -> None:
         v, t = m["valid"], m["test"]  # one beam size: keyed by split
         print(f"| average, int8 | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} | "
               f"{t['chrf']:.1f} |")
+    for lp in length_penalties:  # beam 4 with another alpha (choose it on val)
+        for name, model in (("last checkpoint", last), ("average", avg)):
+            m = evaluate(run, model, both, [4], name.split()[0], length_penalty=lp)
+            v, t = m["valid"], m["test"]
+            print(f"| {name}, α {lp} | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} "
+                  f"| {t['chrf']:.1f} |")
     print(f"\nsacreBLEU {sig}")
     if curve:
         print("\n| training minutes | update | val greedy BLEU |\n|---|---|---|")
@@ -83,9 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--curve", type=float, default=0.0, metavar="MINUTES",
                     help="val BLEU of the RUN_DIR/curve/step_*.pt nearest each multiple of this")
     ap.add_argument("--int8", action="store_true", help="also the average in int8 (beam 4)")
+    ap.add_argument("--length-penalty", type=float, nargs="+", default=[], metavar="ALPHA",
+                    help="also beam 4 with these length penalties (params: decode.length_penalty)")
     args = ap.parse_args(argv)
     for run in args.runs:
-        report(run.resolve(), args.curve, args.int8)
+        report(run.resolve(), args.curve, args.int8, args.length_penalty)
 
 
 if __name__ == "__main__":
