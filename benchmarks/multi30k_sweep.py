@@ -71,7 +71,7 @@ def prepare(sweep: Path, params: dict, threads: int) -> Path:
     pfile.write_text(yaml.safe_dump(params, sort_keys=False))
     py, log = sys.executable, data / "log.txt"
     raw = sweep / "raw"
-    if not (raw / "train.src").exists() and not any(raw.glob("train.*")):
+    if not any(raw.glob("train.*")):  # the download stage, once per sweep
         run([py, "-m", "transformer.download", str(raw), "--params", str(pfile)], log, threads)
     if not (data / "tokenizer").exists():
         run([py, "-m", "transformer.tokenizer", str(raw), str(data / "tokenizer"),
