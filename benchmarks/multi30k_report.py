@@ -48,6 +48,12 @@ def row(name: str, m: dict) -> str:
     return f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
 
 
+def beam4_row(name: str, m: dict) -> str:
+    """A row of one beam-4 evaluation of both splits (its metrics keyed by split)."""
+    v, t = m["valid"], m["test"]
+    return f"| {name} | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} | {t['chrf']:.1f} |"
+
+
 def report(run: Path, curve: float, int8: bool, length_penalties: list[float]) -> None:
     last = max((run / "data" / "checkpoints").glob(STEP_GLOB))
     avg = run / "data" / "model.pt"
@@ -62,16 +68,12 @@ def report(run: Path, curve: float, int8: bool, length_penalties: list[float]) -
         sig = m["test.beam4"]["bleu_signature"]
         print(row(name, m))
     if int8:
-        m = evaluate(run, avg, both, [4], "average-int8", precision="int8")
-        v, t = m["valid"], m["test"]  # one beam size: keyed by split
-        print(f"| average, int8 | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} | "
-              f"{t['chrf']:.1f} |")
+        print(beam4_row("average, int8",
+                        evaluate(run, avg, both, [4], "average-int8", precision="int8")))
     for lp in length_penalties:  # beam 4 with another alpha (choose it on val)
         for name, model in (("last checkpoint", last), ("average", avg)):
             m = evaluate(run, model, both, [4], name.split()[0], length_penalty=lp)
-            v, t = m["valid"], m["test"]
-            print(f"| {name}, α {lp} | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} "
-                  f"| {t['chrf']:.1f} |")
+            print(beam4_row(f"{name}, α {lp}", m))
     print(f"\nsacreBLEU {sig}")
     if curve:
         print("\n| training minutes | update | val greedy BLEU |\n|---|---|---|")

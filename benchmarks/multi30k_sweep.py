@@ -82,13 +82,12 @@ def prepare(sweep: Path, params: dict, threads: int) -> Path:
     return data
 
 
-def variant(sweep: Path, name: str, params: dict, threads: int, beams: list[int],
+def variant(sweep: Path, data: Path, name: str, params: dict, threads: int, beams: list[int],
             models: list[str]) -> dict:
     out = sweep / "runs" / name
     result = out / "result.json"
     if result.exists():
         return json.loads(result.read_text())
-    data = prepare(sweep, params, threads)
     out.mkdir(parents=True, exist_ok=True)
     pfile, log, py = out / "params.yaml", out / "log.txt", sys.executable
     pfile.write_text(yaml.safe_dump(params, sort_keys=False))
@@ -148,15 +147,17 @@ def main(argv: list[str] | None = None) -> None:
     # val BLEU is what the sweep compares; the paper-style tokenized BLEU needs sacremoses
     base = config.merge(base, {"evaluate": {"tokenized_bleu": False}})
     merged = {n: config.merge(base, overrides_to_tree(o or {})) for n, o in variants.items()}
-    args.sweep.mkdir(parents=True, exist_ok=True)
+    sweep = args.sweep.resolve()
+    sweep.mkdir(parents=True, exist_ok=True)
+    # one after the other, before any training: variants sharing data must not build it twice
+    data = {n: prepare(sweep, p, args.threads) for n, p in merged.items()}
     if args.prepare:
-        for p in merged.values():
-            print(prepare(args.sweep.resolve(), p, args.threads))
+        print("\n".join(sorted({str(d) for d in data.values()})))
         return
 
     def one(item: tuple[str, dict]) -> dict:
         try:
-            return variant(args.sweep.resolve(), item[0], item[1], args.threads, args.beams,
+            return variant(sweep, data[item[0]], item[0], item[1], args.threads, args.beams,
                            args.models)
         except subprocess.CalledProcessError as e:
             print(f"{item[0]}: failed ({e}); see {args.sweep}/runs/{item[0]}/log.txt")
