@@ -95,6 +95,10 @@ def test_sweep_variants_are_valid_params(tmp_path):
     base = config.preset_params("multi30k-en-de")
     variants = yaml.safe_load((root / "benchmarks/multi30k_variants.yaml").read_text())
     assert len(variants) >= 40
+    # rounds 1-4 modified the preset of their day: `<<: *old` keeps them running as they ran
+    assert variants["h-A-d0.1"]["model.n_layers"] == 3
+    assert variants["h-A-d0.1"]["decode.length_penalty"] == 0.6
+    assert variants["h-L2"]["model.n_layers"] == 2
     for name, over in variants.items():
         params = config.merge(base, sweep.overrides_to_tree(over))
         sections = config.load_all(write(tmp_path / f"{name}.yaml", params))

@@ -1,0 +1,154 @@
+"""What limits a CPU training hour: the preset's training step against its own matmuls.
+
+    python benchmarks/multi30k_mfu.py data/shards data/tokenizer --params params.yaml
+
+In one process, with the params' model, batch size, threads and compile_loss:
+1. times `--steps` real training steps (forward, loss, backward, Adam) on train batches;
+2. counts the FLOPs those steps execute (torch's FlopCounterMode: every matmul, bmm and
+   attention, padding included) and the padding of their batches;
+3. records every matmul those steps run (shapes and strides) and times them alone, back to
+   back on random tensors: the time the step would take if it were nothing but its matmuls.
+The last ratio says how much of the step is matmul at the speed this CPU's BLAS gives those
+shapes: near 1, no rewrite of the rest buys many more updates an hour; only fewer FLOPs, a
+faster GEMM (native bf16) or more cores can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from transformer import config, dist
+from transformer.data import BatchSampler, collate, load_split
+from transformer.model import PAD_ID, Transformer, label_smoothed_loss
+from transformer.ops import compiled_loss
+from transformer.tokenizer import load_tokenizer
+
+
+def step_fn(model, opt, eps, dtype):
+    def step(b) -> None:
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss, _ = model.loss(b.src, b.tgt_in, b.tgt_out, eps)
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return step
+
+
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+           torch.ops.aten.baddbmm.default}
+
+
+class RecordMatmuls(TorchDispatchMode):
+    """Records every matmul a step executes: the op, and its tensors' shapes and strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in MATMULS:
+            meta = [(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+                    for a in args]
+            self.calls.append((func, meta, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def replay(calls: list[tuple], reps: int = 5) -> tuple[float, int]:
+    """The recorded matmuls alone, on random tensors of the same shapes and strides:
+    (median seconds for all of them, their FLOPs)."""
+    def make(m):
+        if not isinstance(m, tuple):
+            return m
+        shape, stride, dtype = m
+        return torch.empty_strided(shape, stride, dtype=dtype).normal_()
+    prepared = [(f, [make(m) for m in meta], kw) for f, meta, kw in calls]
+    with FlopCounterMode(display=False) as fc:  # also warms caches and oneDNN's kernel choices
+        for f, a, kw in prepared:
+            f(*a, **kw)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for f, a, kw in prepared:
+            f(*a, **kw)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), fc.get_total_flops()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shards", type=Path)
+    ap.add_argument("tokenizer", type=Path)
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--steps", type=int, default=40, help="timed training steps")
+    ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (compile, caches)")
+    args = ap.parse_args(argv)
+    p = config.load_all(args.params)
+    mcfg, tcfg = p["model"], p["train"]
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    precision = dist.resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    vocab = load_tokenizer(args.tokenizer).get_vocab_size()
+    data = load_split(args.shards, "train")
+    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
+    ids = list(iter(sampler))[: args.warmup + args.steps]
+    batches = [collate([data[i] for i in b]) for b in ids]
+    timed = batches[args.warmup:]
+    torch.manual_seed(tcfg.seed)
+    model = Transformer(mcfg, vocab).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(tcfg.adam_betas),
+                           eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
+    model.loss_fn = compiled_loss if tcfg.compile_loss else label_smoothed_loss
+    step = step_fn(model, opt, tcfg.label_smoothing, dtype)
+    for b in batches[: args.warmup]:
+        step(b)
+    t = time.perf_counter()
+    for b in timed:
+        step(b)
+    seconds = time.perf_counter() - t
+
+    model.loss_fn = label_smoothed_loss  # counted eagerly: the compiled loss has no matmul
+    with FlopCounterMode(display=False) as fc:
+        count = step_fn(model, None, tcfg.label_smoothing, dtype)
+        for b in timed:
+            count(b)
+    model.zero_grad(set_to_none=True)
+    flops = fc.get_total_flops()
+    tgt = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in timed)
+    src = sum(int(b.src.ne(PAD_ID).sum()) for b in timed)
+    src_pos = sum(b.src.numel() for b in timed)
+    tgt_pos = sum(b.tgt_out.numel() for b in timed)
+    achieved = flops / seconds / 1e9
+
+    with RecordMatmuls() as rec:  # one step per distinct batch, recorded
+        record = step_fn(model, None, tcfg.label_smoothing, dtype)
+        for b in timed:
+            record(b)
+    model.zero_grad(set_to_none=True)
+    gemm_s, gemm_flops = replay(rec.calls)
+    print(f"params {args.params}: d_model {mcfg.d_model}, d_ff {mcfg.d_ff}, {mcfg.n_layers}+"
+          f"{mcfg.n_layers} layers, vocab {vocab}, max_tokens {tcfg.max_tokens}, threads "
+          f"{torch.get_num_threads()}, compile_loss {tcfg.compile_loss}, {precision}")
+    print(f"training: {len(timed)} steps in {seconds:.1f} s = {len(timed) / seconds:.2f} steps/s,"
+          f" {tgt / seconds:,.0f} target tokens/s")
+    print(f"executed: {flops / len(timed) / 1e9:.1f} GFLOP per step ({flops / tgt / 1e6:.1f} "
+          f"MFLOP per target token) = {achieved:.1f} GFLOP/s")
+    print(f"padding: {100 * (1 - src / src_pos):.1f}% of source positions, "
+          f"{100 * (1 - tgt / tgt_pos):.1f}% of target positions")
+    print(f"the same steps' {len(rec.calls)} matmuls alone ({100 * gemm_flops / flops:.0f}% of "
+          f"the FLOPs): {gemm_s:.1f} s at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s")
+    print(f"matmuls alone / the whole step: {gemm_s / seconds:.2f} of the time")
+
+if __name__ == "__main__":
+    main()
