@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds = time.perf_counter() - t
 
     model.loss_fn = label_smoothed_loss  # counted eagerly: the compiled loss has no matmul
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False) as fc, RecordMatmuls() as rec:  # one pass for both
         count = step_fn(model, None, tcfg.label_smoothing, dtype)
         for b in timed:
             count(b)
@@ -130,12 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     src_pos = sum(b.src.numel() for b in timed)
     tgt_pos = sum(b.tgt_out.numel() for b in timed)
     achieved = flops / seconds / 1e9
-
-    with RecordMatmuls() as rec:  # one step per distinct batch, recorded
-        record = step_fn(model, None, tcfg.label_smoothing, dtype)
-        for b in timed:
-            record(b)
-    model.zero_grad(set_to_none=True)
     gemm_s, gemm_flops = replay(rec.calls)
     print(f"params {args.params}: d_model {mcfg.d_model}, d_ff {mcfg.d_ff}, {mcfg.n_layers}+"
           f"{mcfg.n_layers} layers, vocab {vocab}, max_tokens {tcfg.max_tokens}, threads "
@@ -149,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"the same steps' {len(rec.calls)} matmuls alone ({100 * gemm_flops / flops:.0f}% of "
           f"the FLOPs): {gemm_s:.1f} s at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s")
     print(f"matmuls alone / the whole step: {gemm_s / seconds:.2f} of the time")
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,5 @@
 """params.yaml loading: typed sections, unknown keys and presets are errors that name the key."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -86,12 +85,10 @@ def test_repo_params_is_valid():
     config.load_all(Path(__file__).resolve().parents[1] / "params.yaml")
 
 
-def test_sweep_variants_are_valid_params(tmp_path):
+def test_sweep_variants_are_valid_params(tmp_path, load_benchmark):
     """benchmarks/multi30k_variants.yaml: every variant is a valid params.yaml; a typo is named."""
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("sweep", root / "benchmarks/multi30k_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = load_benchmark("multi30k_sweep")
     base = config.preset_params("multi30k-en-de")
     variants = yaml.safe_load((root / "benchmarks/multi30k_variants.yaml").read_text())
     assert len(variants) >= 40

@@ -1,8 +1,5 @@
 """benchmarks/multi30k_mfu.py: the matmul recorder misses none of a training step's matmuls."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -10,18 +7,9 @@ from transformer.config import ModelConfig
 from transformer.data import Batch
 from transformer.model import Transformer
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("mfu", ROOT / "benchmarks/multi30k_mfu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_replayed_matmuls_are_the_steps_flops():
-    mfu = load_bench()
+def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
+    mfu = load_benchmark("multi30k_mfu")
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2), 50).train()
     src = torch.randint(4, 50, (3, 7))
