@@ -2,7 +2,7 @@
 
     python benchmarks/multi30k_mfu.py data/shards data/tokenizer --params params.yaml
 
-In one process, with the params' model, batch size, threads and compile_loss:
+In one process, with the params' model, batch size and threads:
 1. times `--steps` real training steps (forward, loss, backward, Adam) on train batches;
 2. counts the FLOPs those steps execute (torch's FlopCounterMode: every matmul, bmm and
    attention, padding included) and the padding of their batches;
@@ -28,9 +28,9 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config, dist
 from transformer.data import BatchSampler, collate, load_split
-from transformer.model import PAD_ID, Transformer, label_smoothed_loss
-from transformer.ops import compiled_loss
+from transformer.model import PAD_ID, Transformer
 from transformer.tokenizer import load_tokenizer
+from transformer.train import output_ids
 
 
 def step_fn(model, opt, eps, dtype):
@@ -106,10 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     batches = [collate([data[i] for i in b]) for b in ids]
     timed = batches[args.warmup:]
     torch.manual_seed(tcfg.seed)
-    model = Transformer(mcfg, vocab).train()
+    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data)).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(tcfg.adam_betas),
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
-    model.loss_fn = compiled_loss if tcfg.compile_loss else label_smoothed_loss
     step = step_fn(model, opt, tcfg.label_smoothing, dtype)
     for b in batches[: args.warmup]:
         step(b)
@@ -118,7 +117,6 @@ def main(argv: list[str] | None = None) -> None:
         step(b)
     seconds = time.perf_counter() - t
 
-    model.loss_fn = label_smoothed_loss  # counted eagerly: the compiled loss has no matmul
     with FlopCounterMode(display=False) as fc, RecordMatmuls() as rec:  # one pass for both
         count = step_fn(model, None, tcfg.label_smoothing, dtype)
         for b in timed:
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     gemm_s, gemm_flops = replay(rec.calls)
     print(f"params {args.params}: d_model {mcfg.d_model}, d_ff {mcfg.d_ff}, {mcfg.n_layers}+"
           f"{mcfg.n_layers} layers, vocab {vocab}, max_tokens {tcfg.max_tokens}, threads "
-          f"{torch.get_num_threads()}, compile_loss {tcfg.compile_loss}, {precision}")
+          f"{torch.get_num_threads()}, output_vocab {mcfg.output_vocab}, {precision}")
     print(f"training: {len(timed)} steps in {seconds:.1f} s = {len(timed) / seconds:.2f} steps/s,"
           f" {tgt / seconds:,.0f} target tokens/s")
     print(f"executed: {flops / len(timed) / 1e9:.1f} GFLOP per step ({flops / tgt / 1e6:.1f} "

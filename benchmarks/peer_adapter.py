@@ -6,7 +6,7 @@
         --peer mine=/work/main/benchmarks/peer_adapter.py \
         --peer mine_bf16=/work/main/benchmarks/peer_adapter.py:autocast=bf16
 
-opts: autocast=bf16|off; compile=on uses the inductor-fused loss (train.compile_loss);
+opts: autocast=bf16|off;
 paper=on drops the attention/activation dropout the shared workload adds (the paper has residual
 dropout only, §5.4).
 """
@@ -17,7 +17,6 @@ from common import BOS, fixed_length_beam_search
 from transformer.config import ModelConfig
 from transformer.dist import keep_freed_memory
 from transformer.model import Transformer
-from transformer.ops import compiled_loss
 
 
 class Peer:
@@ -32,8 +31,6 @@ class Peer:
                           activation_dropout=0.0 if paper else shape["activation_dropout"])
         self.model = Transformer(cfg, shape["vocab"])
         self.autocast = opts.get("autocast", "off") == "bf16"
-        if opts.get("compile", "off") == "on":
-            self.model.loss_fn = compiled_loss
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
                                     eps=1e-9, fused=True)
 

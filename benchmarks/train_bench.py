@@ -43,9 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {args.python}: no peers venv (see {PEERS_DIR}/README.md, Setup)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.unlink(missing_ok=True)
-    # the train stage's settings: train.compile_loss on, fp32 or train.precision bf16
-    mine = [f"mine={ADAPTER}:compile=on@{args.python}",
-            f"mine_bf16={ADAPTER}:autocast=bf16,compile=on@{args.python}"]
+    # the train stage's settings: fp32, or train.precision bf16
+    mine = [f"mine={ADAPTER}@{args.python}", f"mine_bf16={ADAPTER}:autocast=bf16@{args.python}"]
     cmd = [args.python, "bench.py", "train", "--shape", args.shape, "--rounds", str(args.rounds),
            "--steps", str(args.steps), "--peers", args.peers, "--out", str(args.out)]
     cmd += [x for m in mine for x in ("--peer", m)]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer.checkpoint import CheckpointError, build_model
 from transformer.config import ConfigError, ModelConfig
-from transformer.model import Transformer, label_smoothed_loss, sinusoids
+from transformer.model import Transformer, sinusoids
 
 V = 40
 
@@ -79,30 +82,57 @@ def test_incremental_cache_matches_full_decode_and_reorders():
     torch.testing.assert_close(nxt, full[idx, 3:4], atol=1e-5, rtol=1e-5)
 
 
-def test_label_smoothed_loss_matches_cross_entropy_and_grad():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(12, V, generator=g, requires_grad=True)
-    y = torch.randint(1, V, (12,), generator=g)
-    y[[2, 7]] = 0
-    loss, nll = label_smoothed_loss(x, y, 0.1)
-    ref = F.cross_entropy(x, y, ignore_index=0, label_smoothing=0.1, reduction="sum")
-    ref_nll = F.cross_entropy(x, y, ignore_index=0, reduction="sum")
-    torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(nll, ref_nll)
-    (grad,) = torch.autograd.grad(loss + 0.5 * nll, x)
-    (ref_grad,) = torch.autograd.grad(ref + 0.5 * ref_nll, x)
-    torch.testing.assert_close(grad, ref_grad)
+def reference_loss(logits, tgt_out, eps):
+    """torch's own label-smoothed cross-entropy, summed over non-pad targets."""
+    x, y = logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1)
+    return (F.cross_entropy(x, y, ignore_index=0, label_smoothing=eps, reduction="sum"),
+            F.cross_entropy(x, y, ignore_index=0, reduction="sum"))
 
 
-def test_model_loss_equals_forward_plus_loss():
+def test_model_loss_equals_forward_plus_cross_entropy_and_grad():
     m = tiny()
-    m.train(False)
     src, tgt = batch()
     tgt_out = torch.roll(tgt, -1, 1)
     tgt_out[tgt == 0] = 0
-    a = m.loss(src, tgt, tgt_out, 0.1)
-    b = label_smoothed_loss(m(src, tgt), tgt_out, 0.1)
-    torch.testing.assert_close(a, b)
+    loss, nll = m.loss(src, tgt, tgt_out, 0.1)
+    ref, ref_nll = reference_loss(m(src, tgt), tgt_out, 0.1)
+    torch.testing.assert_close((loss, nll), (ref, ref_nll))
+    params = [p for p in m.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(0.5 * loss, params)  # the fused op scales by the incoming grad
+    ref_grads = torch.autograd.grad(0.5 * ref, params)
+    for p, g, r in zip(params, grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+
+
+def test_target_output_vocab_is_the_shared_softmax_over_fewer_units():
+    src, tgt = batch()
+    tgt_out = torch.roll(tgt, -1, 1)
+    tgt_out[tgt == 0] = 0
+    ids = torch.unique(torch.cat([tgt_out[tgt_out.ne(0)], torch.tensor([5, 9])]))  # sorted
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2,
+                                output_vocab="target"), V, ids).eval()
+    logits = m(src, tgt)  # (B, T, V): -inf outside ids
+    left_out = torch.ones(V, dtype=torch.bool)
+    left_out[ids] = False
+    assert torch.isinf(logits[..., left_out]).all() and torch.isfinite(logits[..., ids]).all()
+    loss, _ = m.loss(src, tgt, tgt_out, 0.1)  # smoothing over the V' units only
+    h = m.decode_features(tgt, *m.encode(src))[tgt_out.ne(0)]
+    rows = torch.searchsorted(ids, tgt_out[tgt_out.ne(0)])
+    ref = F.cross_entropy(h @ m.output_weight[ids].T, rows, label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, ref)
+    # checkpoints carry the set decoding needs
+    ckpt = {"model": m.state_dict(), "model_config": dataclasses.asdict(m.cfg), "vocab_size": V}
+    torch.testing.assert_close(build_model(ckpt)(src, tgt), logits)
+    del ckpt["model"]["output_ids"]
+    with pytest.raises(CheckpointError, match="output_ids is missing"):
+        build_model(ckpt)
+    outside = tgt_out.clone()
+    outside[0, 0] = int(left_out.nonzero()[-1])
+    with pytest.raises(ValueError, match="not in output_ids"):
+        m.loss(src, tgt, outside, 0.1)
+    with pytest.raises(ValueError, match="output_ids"):
+        Transformer(ModelConfig(output_vocab="target"), V)
 
 
 def test_sinusoids_and_embedding_scale():

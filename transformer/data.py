@@ -69,6 +69,13 @@ class PairDataset:
         so, to = self._src_off[s], self._tgt_off[s]
         return self._src[s][so[j] : so[j + 1]], self._tgt[s][to[j] : to[j + 1]]
 
+    def target_counts(self, vocab_size: int) -> np.ndarray:
+        """(vocab_size,) int64: how often each unit occurs on the target side (EOS included)."""
+        counts = np.zeros(vocab_size, np.int64)
+        for tgt in self._tgt:
+            counts += np.bincount(tgt, minlength=vocab_size)[:vocab_size]
+        return counts
+
 
 def read_index(split_dir: Path) -> dict[str, Any]:
     """index.json of a split folder, with a clear error when missing or not ours."""

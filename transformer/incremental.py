@@ -71,7 +71,7 @@ class Decoder:
             raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
         resolve_precision(precision, torch.device("cpu"), "decode.precision")  # bf16: native?
         self.precision, self.max_positions = precision, model.cfg.max_positions
-        W = model.output_weight.detach()  # (V, D)
+        W = model.output_matrix().detach()  # (V', D); V' < V with model.output_vocab target
         out = nn.Linear(W.size(1), W.size(0), bias=False)
         out.weight = nn.Parameter(W.clone(), requires_grad=False)
         self.model, self.out = copy.deepcopy(model).eval(), nn.Sequential(out)
@@ -93,7 +93,7 @@ class Decoder:
         return self.model.encode(src)
 
     def logits(self, h: Tensor) -> Tensor:
-        return self.out(h).float()  # (B, V) fp32; only the last position is projected to V
+        return self.model.full_logits(self.out(h).float())  # (B, V) fp32; the last position only
 
     def step_full(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
         """Logits (B, V) after tgt_in (B, t), recomputing the whole prefix: model.py's own path."""

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-from transformer.ops import PAD_ID, dropout, label_smoothed_loss
+from transformer.ops import PAD_ID, dropout, output_loss
 
 
 def sinusoids(n_pos: int, d_model: int) -> Tensor:
@@ -153,7 +153,8 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     """Encoder-decoder Transformer; ids follow architecture.md (PAD_ID = 0)."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, output_ids: Tensor | None = None):
+        """output_ids (V',): the sorted units the softmax spans, when cfg.output_vocab is target."""
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
         D = cfg.d_model
@@ -173,11 +174,27 @@ class Transformer(nn.Module):
         # pre-LN leaves the residual stream un-normalised: one final LayerNorm per stack
         self.enc_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
         self.dec_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
-        self.loss_fn = label_smoothed_loss  # train.py may swap in ops.compiled_loss
+        if (cfg.output_vocab == "target") != (output_ids is not None):
+            raise ValueError("output_ids must be given exactly when model.output_vocab is target")
+        # a buffer, so that checkpoints carry it: decoding must never emit a unit never trained
+        # as an output (its logit, an input embedding only, is meaningless there)
+        self.register_buffer("output_ids", None if output_ids is None else output_ids.long())
 
     @property
     def output_weight(self) -> Tensor:
         return self.src_embed.weight if self.out_weight is None else self.out_weight  # (V, D)
+
+    def output_matrix(self) -> Tensor:
+        """The rows of the output projection the softmax spans: (V', D), V' = V when shared."""
+        W = self.output_weight
+        return W if self.output_ids is None else W[self.output_ids]
+
+    def full_logits(self, logits: Tensor) -> Tensor:
+        """(..., V') logits over output_matrix() rows -> (..., V), -inf for the units left out."""
+        if self.output_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.output_ids, logits)
 
     def embed(self, emb: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
         end = start + ids.size(1)
@@ -227,8 +244,8 @@ class Transformer(nn.Module):
         in place with each layer's self-attention K/V and the cross-attention K/V and source mask
         (computed on the first call, after which `memory`/`src_pad_mask` are not read again).
         """
-        return F.linear(self.decode_features(tgt_in, memory, src_pad_mask, cache),
-                        self.output_weight)
+        h = self.decode_features(tgt_in, memory, src_pad_mask, cache)
+        return self.full_logits(F.linear(h, self.output_matrix()))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
@@ -242,7 +259,13 @@ class Transformer(nn.Module):
         h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
         keep = tgt_out.ne(PAD_ID)
         h, target = h[keep], tgt_out[keep]  # (N, D), (N,): the V-sized GEMM skips padding
-        return self.loss_fn(F.linear(h, self.output_weight), target, eps)
+        if self.output_ids is not None:  # ids -> rows of output_matrix()
+            ids, target = target, torch.searchsorted(self.output_ids, target)
+            outside = self.output_ids[target.clamp(max=self.output_ids.numel() - 1)].ne(ids)
+            if bool(outside.any()):
+                raise ValueError(f"target unit {int(ids[outside][0])} is not in output_ids "
+                                 "(model.output_vocab target: units from other data?)")
+        return output_loss(h, self.output_matrix(), target, eps)
 
     @staticmethod
     def reorder_cache(cache: dict, index: Tensor) -> dict:

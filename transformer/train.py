@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -28,9 +29,8 @@ from tqdm import tqdm
 from transformer import checkpoint, config, dist
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, ModelConfig, TrainConfig
-from transformer.data import BatchSampler, DataError, collate, load_split
+from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
 from transformer.model import PAD_ID, Transformer
-from transformer.ops import compiled_loss
 from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
 
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
@@ -197,6 +197,17 @@ def open_live(live_dir: Path | None, resumed_step: int):
     return Live(str(live_dir), resume=bool(resumed_step), save_dvc_exp=False, dvcyaml=None)
 
 
+def output_ids(mcfg: ModelConfig, vocab: int, *splits: PairDataset) -> torch.Tensor | None:
+    """The units the softmax spans with model.output_vocab target: those the splits' targets use.
+
+    Pass valid with train: a valid target outside the set would have probability 0."""
+    if mcfg.output_vocab != "target":
+        return None
+    ids = torch.from_numpy(np.flatnonzero(sum(s.target_counts(vocab) for s in splits)))
+    dist.print0(f"output vocabulary: {len(ids)} of {vocab} units (those of the targets)")
+    return ids
+
+
 def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConfig,
           tcfg: TrainConfig, live_dir: Path | None = None, resume: bool = False,
           progress_bar: bool = True) -> dict[str, Any]:
@@ -214,9 +225,7 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
             "tokenizer_sha256": sha, "train_config": dataclasses.asdict(tcfg)}
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
-    model = Transformer(mcfg, vocab).to(device)
-    if tcfg.compile_loss:
-        model.loss_fn = compiled_loss
+    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, train_set, valid_set)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)  # §5.3
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
