@@ -74,12 +74,10 @@ def model_config(ckpt: dict[str, Any], path: Path | str = "<checkpoint>") -> Mod
 def build_model(ckpt: dict[str, Any], path: Path | str = "<checkpoint>") -> Transformer:
     """A Transformer rebuilt from the checkpoint's own config, weights loaded, in eval mode."""
     cfg = model_config(ckpt, path)
-    output_ids = ckpt["model"].get("output_ids")
-    if (cfg.output_vocab == "target") != (output_ids is not None):
-        state = "missing" if output_ids is None else "present"
-        raise CheckpointError(f"{path}: model.output_ids is {state} but "
-                              f"model_config.output_vocab is {cfg.output_vocab!r}")
-    model = Transformer(cfg, int(ckpt["vocab_size"]), output_ids)
+    try:  # the model checks output_ids against model_config.output_vocab
+        model = Transformer(cfg, int(ckpt["vocab_size"]), ckpt["model"].get("output_ids"))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     load_weights(model, ckpt, path)
     return model.eval()
 

@@ -175,7 +175,9 @@ class Transformer(nn.Module):
         self.enc_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
         self.dec_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
         if (cfg.output_vocab == "target") != (output_ids is not None):
-            raise ValueError("output_ids must be given exactly when model.output_vocab is target")
+            state = "missing" if output_ids is None else "present"
+            raise ValueError(f"model.output_ids is {state} but model_config.output_vocab is "
+                             f"{cfg.output_vocab!r} (given exactly when it is target)")
         # a buffer, so that checkpoints carry it: decoding must never emit a unit never trained
         # as an output (its logit, an input embedding only, is meaningless there)
         self.register_buffer("output_ids", None if output_ids is None else output_ids.long())
