@@ -7,7 +7,8 @@ In one process, with the params' model, batch size and threads:
 2. counts the FLOPs those steps execute (torch's FlopCounterMode: every matmul, bmm and
    attention, padding included) and the padding of their batches;
 3. records every matmul those steps run (shapes and strides) and times them alone, back to
-   back on random tensors: the time the step would take if it were nothing but its matmuls.
+   back on random tensors, one step's worth at a time: the time the step would take if it were
+   nothing but its matmuls.
 The last ratio says how much of the step is matmul at the speed this CPU's BLAS gives those
 shapes: near 1, no rewrite of the rest buys many more updates an hour; only fewer FLOPs, a
 faster GEMM (native bf16) or more cores can.
@@ -63,25 +64,30 @@ class RecordMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def replay(calls: list[tuple], reps: int = 5) -> tuple[float, int]:
-    """The recorded matmuls alone, on random tensors of the same shapes and strides:
-    (median seconds for all of them, their FLOPs)."""
+def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
+    """The recorded matmuls alone, on random tensors of the same shapes and strides, one step's
+    worth at a time (in their order, so that memory stays at one step's operands):
+    (the sum over steps of the median seconds for a step's matmuls, their FLOPs)."""
     def make(m):
         if not isinstance(m, tuple):
             return m
         shape, stride, dtype = m
         return torch.empty_strided(shape, stride, dtype=dtype).normal_()
-    prepared = [(f, [make(m) for m in meta], kw) for f, meta, kw in calls]
-    with FlopCounterMode(display=False) as fc:  # also warms caches and oneDNN's kernel choices
-        for f, a, kw in prepared:
-            f(*a, **kw)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        for f, a, kw in prepared:
-            f(*a, **kw)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), fc.get_total_flops()
+    seconds, flops = 0.0, 0
+    for calls in steps:
+        prepared = [(f, [make(m) for m in meta], kw) for f, meta, kw in calls]
+        with FlopCounterMode(display=False) as fc:  # also warms caches and oneDNN's kernels
+            for f, a, kw in prepared:
+                f(*a, **kw)
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            for f, a, kw in prepared:
+                f(*a, **kw)
+            times.append(time.perf_counter() - t)
+        seconds += statistics.median(times)
+        flops += fc.get_total_flops()
+    return seconds, flops
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,10 +123,13 @@ def main(argv: list[str] | None = None) -> None:
         step(b)
     seconds = time.perf_counter() - t
 
+    steps = []
     with FlopCounterMode(display=False) as fc, RecordMatmuls() as rec:  # one pass for both
         count = step_fn(model, None, tcfg.label_smoothing, dtype)
         for b in timed:
             count(b)
+            steps.append(rec.calls)
+            rec.calls = []
     model.zero_grad(set_to_none=True)
     flops = fc.get_total_flops()
     tgt = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in timed)
@@ -128,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     src_pos = sum(b.src.numel() for b in timed)
     tgt_pos = sum(b.tgt_out.numel() for b in timed)
     achieved = flops / seconds / 1e9
-    gemm_s, gemm_flops = replay(rec.calls)
+    gemm_s, gemm_flops = replay(steps)
     print(f"params {args.params}: d_model {mcfg.d_model}, d_ff {mcfg.d_ff}, {mcfg.n_layers}+"
           f"{mcfg.n_layers} layers, vocab {vocab}, max_tokens {tcfg.max_tokens}, threads "
           f"{torch.get_num_threads()}, output_vocab {mcfg.output_vocab}, {precision}")
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
           f"MFLOP per target token) = {achieved:.1f} GFLOP/s")
     print(f"padding: {100 * (1 - src / src_pos):.1f}% of source positions, "
           f"{100 * (1 - tgt / tgt_pos):.1f}% of target positions")
-    print(f"the same steps' {len(rec.calls)} matmuls alone ({100 * gemm_flops / flops:.0f}% of "
+    print(f"the same steps' {sum(map(len, steps))} matmuls alone ({100 * gemm_flops / flops:.0f}% of "
           f"the FLOPs): {gemm_s:.1f} s at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s")
     print(f"matmuls alone / the whole step: {gemm_s / seconds:.2f} of the time")
 

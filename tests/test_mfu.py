@@ -18,8 +18,13 @@ def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
     b = Batch(src, tgt, tgt)
     with FlopCounterMode(display=False) as fc:
         step(b)
+    steps = []
     with mfu.RecordMatmuls() as rec:
-        step(b)
-    seconds, flops = mfu.replay(rec.calls, reps=1)
-    assert len(rec.calls) > 10 and seconds > 0
-    assert flops == fc.get_total_flops()  # forward and backward, every projection and attention
+        for _ in range(2):  # replayed one step's worth at a time, as main() records them
+            step(b)
+            steps.append(rec.calls)
+            rec.calls = []
+    seconds, flops = mfu.replay(steps, reps=1)
+    assert len(steps[0]) > 10 and len(steps[0]) == len(steps[1]) and seconds > 0
+    # forward and backward, every projection and attention, of both steps
+    assert flops == 2 * fc.get_total_flops()
