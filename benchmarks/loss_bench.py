@@ -18,6 +18,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -25,10 +26,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config
-from transformer.data import BatchSampler, collate, load_split
+from transformer.data import BatchSampler, load_split
 from transformer.model import Transformer
 from transformer.ops import PAD_ID, output_loss
 from transformer.tokenizer import load_tokenizer
+from transformer.train import batch_stream
 
 
 def torch_loss(h, w, y, eps):
@@ -54,8 +56,8 @@ def time_steps(run: Path, rounds: int) -> None:
     mcfg = dataclasses.replace(p["model"], output_vocab="shared")
     tcfg = p["train"]
     data = load_split(run / "data/shards", "train")
-    ids = list(iter(BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)))
-    batches = [collate([data[i] for i in b]) for b in ids[:200]]
+    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
+    batches = [b for _, b in islice(batch_stream(data, sampler), 200)]  # the train stage's own
     torch.manual_seed(tcfg.seed)
     model = Transformer(mcfg, load_tokenizer(run / "data/tokenizer").get_vocab_size()).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)

@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -28,10 +29,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config, dist
-from transformer.data import BatchSampler, collate, load_split
+from transformer.data import BatchSampler, load_split
 from transformer.model import PAD_ID, Transformer
 from transformer.tokenizer import load_tokenizer
-from transformer.train import output_ids
+from transformer.train import batch_stream, output_ids
 
 
 def step_fn(model, opt, eps, dtype):
@@ -108,11 +109,11 @@ def main(argv: list[str] | None = None) -> None:
     vocab = load_tokenizer(args.tokenizer).get_vocab_size()
     data = load_split(args.shards, "train")
     sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
-    ids = list(iter(sampler))[: args.warmup + args.steps]
-    batches = [collate([data[i] for i in b]) for b in ids]
+    batches = [b for _, b in islice(batch_stream(data, sampler), args.warmup + args.steps)]
     timed = batches[args.warmup:]
     torch.manual_seed(tcfg.seed)
-    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data)).train()
+    valid = load_split(args.shards, "valid")  # the train stage's output set: train + valid
+    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data, valid)).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(tcfg.adam_betas),
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
     step = step_fn(model, opt, tcfg.label_smoothing, dtype)
