@@ -27,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config
 from transformer.data import BatchSampler, load_split
+from transformer.dist import keep_freed_memory
 from transformer.model import Transformer
 from transformer.ops import PAD_ID, output_loss
 from transformer.tokenizer import load_tokenizer
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="time whole training steps in this run's checkout instead")
     ap.add_argument("--rounds", type=int, default=24, help="--step: timed rounds of 10 steps")
     args = ap.parse_args(argv)
+    keep_freed_memory()  # as the train stage's process does
     if args.step:
         return time_steps(args.step, args.rounds)
     torch.manual_seed(0)

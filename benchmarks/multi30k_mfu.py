@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (compile, caches)")
     args = ap.parse_args(argv)
+    dist.keep_freed_memory()  # as the train stage's process does
     p = config.load_all(args.params)
     mcfg, tcfg = p["model"], p["train"]
     if tcfg.threads:

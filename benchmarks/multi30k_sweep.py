@@ -37,7 +37,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from transformer import config  # noqa: E402
+from transformer import config
 
 DATA_SECTIONS = ("download", "tokenizer", "shard")
 
@@ -99,7 +99,7 @@ def variant(sweep: Path, data: Path, name: str, params: dict, threads: int, beam
         run([py, "-m", "transformer.average", str(ckpts), str(out / "model.pt"),
              "--params", str(pfile)], log, threads)
     res: dict = {"name": name}
-    last = sorted(ckpts.glob("step_*.pt"))[-1]
+    last = max(ckpts.glob("step_*.pt"))
     for tag, model in (("last", last), ("average", out / "model.pt")):
         if tag not in models:
             continue
