@@ -64,6 +64,11 @@ class RecordMatmuls(TorchDispatchMode):
             self.calls.append((func, meta, kwargs or {}))
         return func(*args, **(kwargs or {}))
 
+    def cut(self) -> list[tuple]:
+        """The calls recorded since the last cut (one step's, called after each step)."""
+        calls, self.calls = self.calls, []
+        return calls
+
 
 def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
     """The recorded matmuls alone, on random tensors of the same shapes and strides, one step's
@@ -130,8 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         count = step_fn(model, None, tcfg.label_smoothing, dtype)
         for b in timed:
             count(b)
-            steps.append(rec.calls)
-            rec.calls = []
+            steps.append(rec.cut())
     model.zero_grad(set_to_none=True)
     flops = fc.get_total_flops()
     tgt = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in timed)

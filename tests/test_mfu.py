@@ -22,8 +22,7 @@ def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
     with mfu.RecordMatmuls() as rec:
         for _ in range(2):  # replayed one step's worth at a time, as main() records them
             step(b)
-            steps.append(rec.calls)
-            rec.calls = []
+            steps.append(rec.cut())
     seconds, flops = mfu.replay(steps, reps=1)
     assert len(steps[0]) > 10 and len(steps[0]) == len(steps[1]) and seconds > 0
     # forward and backward, every projection and attention, of both steps

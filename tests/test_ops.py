@@ -80,11 +80,12 @@ def test_output_loss_under_bf16_autocast_keeps_fp32_grads():
 
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
 HOLD = """
-import sys, torch
+import os, sys, torch
 from transformer import dist
 if sys.argv[1] == "keep":
     assert dist.keep_freed_memory()
-rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20  # MiB
+page = os.sysconf("SC_PAGESIZE")
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page >> 20  # MiB
 before = rss()
 x = torch.ones(64 << 18)  # 64 MiB, touched
 del x
