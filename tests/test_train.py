@@ -86,6 +86,22 @@ def test_precision_auto_follows_the_hardware():
             dist.resolve_precision("bf16", cpu, "train.precision")
 
 
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="CpuShare reads Linux's /proc/stat")
+def test_cpu_share_counts_other_processes_not_this_one():
+    share = dist.CpuShare()
+    spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)  # another process, ~1 core
+    busy = share.sample()
+    t = time.monotonic()
+    while time.monotonic() - t < 1.5:  # this process, ~1 core
+        pass
+    alone = share.sample()
+    assert busy["others"] >= 0.5 and alone["others"] < 0.5, (busy, alone)
+    assert "other processes used" in share.warning(busy)
+    assert share.warning(busy) is None  # at most one warning every 5 minutes
+    assert dist.CpuShare().warning(alone) is None
+
+
 def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     params = write_params(tmp_path / "params.yaml")
     out = tmp_path / "ckpt"
@@ -103,6 +119,8 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     assert not model.training
     metrics = json.loads((tmp_path / "live" / "metrics.json").read_text())
     assert metrics["step"] == 6 and metrics["valid"]["ppl"] > 1
+    if Path("/proc/stat").exists():  # cores taken by other processes and by the hypervisor
+        assert metrics["train"]["cpu_others"] >= 0 and metrics["train"]["cpu_steal"] >= 0
     rows = (tmp_path / "live" / "plots" / "metrics" / "train" / "loss.tsv").read_text().split()
     assert rows[:2] == ["step", "loss"] and [int(x) for x in rows[2::2]] == [1, 2, 3, 4, 5, 6]
     first, last = float(rows[3]), float(rows[-1])

@@ -247,6 +247,7 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     max_steps = tcfg.max_steps if tcfg.max_steps > 0 else sys.maxsize
     bar = tqdm(total=tcfg.max_steps or None, initial=step, disable=not (progress_bar and rank == 0),
                unit="step", dynamic_ncols=True)
+    cpu = dist.CpuShare() if device.type == "cpu" and world == 1 else None
     t_start, t_saved, t_log = time.monotonic(), time.monotonic(), time.monotonic()
     base_seconds, log = seconds, torch.zeros(3, dtype=torch.float64)  # loss, nll, tokens
     metrics: dict[str, float] = {}
@@ -302,6 +303,11 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
                             "train/tokens_per_s": log[2].item() / dt,
                             "train/seconds": base_seconds + time.monotonic() - t_start})
             log.zero_()
+            if cpu is not None:  # a shared CPU explains a slow run: logged, and warned of
+                share = cpu.sample()
+                logged.update({f"train/cpu_{k}": x for k, x in share.items()})
+                if (warning := cpu.warning(share)) is not None:
+                    bar.write(warning)
             bar.set_postfix(loss=f"{logged['train/loss']:.3f}", lr=f"{lr:.2e}",
                             tok_s=f"{logged['train/tokens_per_s']:.0f}")
         if (tcfg.valid_every_steps > 0 and step % tcfg.valid_every_steps == 0) or final:
