@@ -17,9 +17,9 @@ Variants with the same download/tokenizer/shard sections share their data folder
 The table goes to stdout and SWEEP_DIR/results.md; every run's metrics stay in its folder.
 
 A time-budgeted CPU run can be replayed faster elsewhere (a GPU) as a step budget: set
-`train.max_steps` to what the CPU run reaches, `train.time_budget_minutes: 0`, keep
-`lr_decay: linear` (then decayed by steps instead of minutes) and `save_every_steps` at the
-same spacing as the CPU run's checkpoints.
+`train.max_steps` to what the CPU run reaches, `train.time_budget_minutes: 0` (a linear or
+cosine `lr_decay` then decays by steps instead of minutes) and `save_every_steps` at the same
+spacing as the CPU run's checkpoints.
 """
 
 from __future__ import annotations
