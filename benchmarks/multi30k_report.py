@@ -1,7 +1,7 @@
 """The Multi30k results table and BLEU-over-time curve of finished training runs.
 
     python benchmarks/multi30k_report.py RUN_DIR [RUN_DIR ...] [--curve MINUTES] [--int8]
-        [--length-penalty ALPHA ...]
+        [--length-penalty ALPHA ...] [--average K ...]
 
 RUN_DIR is a checkout after `python -m transformer.config preset multi30k-en-de && dvc repro`:
 its params.yaml, data/tokenizer, data/raw, data/checkpoints (the newest is "last") and
@@ -9,6 +9,8 @@ data/model.pt (the average). Each model is scored by `python -m transformer.eval
 test, greedy and beam 4. --curve adds greedy val BLEU for every checkpoint in RUN_DIR/curve
 (hard links to data/checkpoints/step_*.pt taken while training ran, since the train stage keeps
 only the last few), the first past each multiple of MINUTES, against its training minutes. --int8 adds the average decoded in int8.
+--average K adds beam 4 for the average of the last K checkpoints of RUN_DIR/curve (the preset
+averages average.last_k of those the train stage kept).
 Prints markdown; the JSON of every evaluation stays in RUN_DIR/report/.
 """
 
@@ -21,6 +23,9 @@ import sys
 from pathlib import Path
 
 import torch
+
+from transformer.average import average_checkpoints, save, select_checkpoints
+from transformer.config import AverageConfig
 
 STEP_GLOB = "step_*.pt"
 
@@ -54,7 +59,8 @@ def beam4_row(name: str, m: dict) -> str:
     return f"| {name} | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} | {t['chrf']:.1f} |"
 
 
-def report(run: Path, curve: float, int8: bool, length_penalties: list[float]) -> None:
+def report(run: Path, curve: float, int8: bool, length_penalties: list[float],
+           averages: list[int]) -> None:
     last = max((run / "data" / "checkpoints").glob(STEP_GLOB))
     avg = run / "data" / "model.pt"
     print(f"\n### {run}  (last: {last.name}, {minutes(last):.1f} training minutes)\n")
@@ -74,6 +80,11 @@ def report(run: Path, curve: float, int8: bool, length_penalties: list[float]) -
         for name, model in (("last checkpoint", last), ("average", avg)):
             m = evaluate(run, model, both, [4], name.split()[0], length_penalty=lp)
             print(beam4_row(f"{name}, α {lp}", m))
+    for k in averages:
+        model = run / "report" / f"average-last{k}.pt"
+        save(average_checkpoints(select_checkpoints(run / "curve", AverageConfig(last_k=k))), model)
+        print(beam4_row(f"average of the last {k}",
+                        evaluate(run, model, both, [4], f"average-last{k}")))
     print(f"\nsacreBLEU {sig}")
     if curve:
         print("\n| training minutes | update | val greedy BLEU |\n|---|---|---|")
@@ -96,9 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--int8", action="store_true", help="also the average in int8 (beam 4)")
     ap.add_argument("--length-penalty", type=float, nargs="+", default=[], metavar="ALPHA",
                     help="also beam 4 with these length penalties (params: decode.length_penalty)")
+    ap.add_argument("--average", type=int, nargs="+", default=[], metavar="K",
+                    help="also beam 4 for the average of the last K checkpoints in RUN_DIR/curve")
     args = ap.parse_args(argv)
     for run in args.runs:
-        report(run.resolve(), args.curve, args.int8, args.length_penalty)
+        report(run.resolve(), args.curve, args.int8, args.length_penalty, args.average)
 
 
 if __name__ == "__main__":
