@@ -162,3 +162,25 @@ def test_bf16_autocast_runs_and_stays_close():
         lo = m(src, tgt)
     assert lo.dtype == torch.bfloat16
     torch.testing.assert_close(lo.float(), m(src, tgt), atol=0.1, rtol=0.1)
+
+
+def test_attention_dropout_path_is_sdpa_when_nothing_is_dropped():
+    """Training with attention dropout spells Eq. 1 out (padding, causal and cross masks of its
+    own); with p rounding to no drops it must give what SDPA gives in eval mode."""
+    m = tiny(dropout=0.0, attention_dropout=1e-9)
+    src, tgt = batch()
+    ref = m(src, tgt)
+    torch.testing.assert_close(m.train()(src, tgt), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_dropout_drops_and_keeps_causality():
+    m = tiny(dropout=0.0, attention_dropout=0.3).train()
+    src, tgt = batch()
+    tgt2 = tgt.clone()
+    tgt2[:, 3] = (tgt2[:, 3] + 1) % (V - 4) + 4
+    outs = []
+    for t in (tgt, tgt2):
+        torch.manual_seed(5)  # the same drop masks for both
+        outs.append(m(src, t))
+    torch.testing.assert_close(outs[0][:, :3], outs[1][:, :3])
+    assert not torch.allclose(outs[0], m.eval()(src, tgt), atol=1e-3)

@@ -111,3 +111,31 @@ def test_keep_freed_memory_keeps_freed_blocks(allocator):
     }
     assert held["default"] < 16, held  # the 64 MiB went back to the OS
     assert held["keep"] >= 60, held
+
+
+DECAYS = """
+import ctypes
+from transformer import dist
+assert dist.keep_freed_memory()
+mallctl = ctypes.CDLL(None).mallctl
+def read(name, out):
+    size = ctypes.c_size_t(ctypes.sizeof(out))
+    assert mallctl(name.encode(), ctypes.byref(out), ctypes.byref(size), None, 0) == 0, name
+    return out.value
+huge = read("opt.narenas", ctypes.c_uint())
+print(read("arena.0.dirty_decay_ms", ctypes.c_ssize_t()),
+      read(f"arena.{huge}.dirty_decay_ms", ctypes.c_ssize_t()))
+"""
+
+
+@pytest.mark.skipif(not JEMALLOC, reason="libjemalloc.so.2 not installed (apt-get install "
+                                         "libjemalloc2)")
+def test_keep_freed_memory_still_lets_jemalloc_purge_small_blocks():
+    """Only the huge-block arena stops purging. jemalloc coalesces freed neighbours only when it
+    purges them: with purging off everywhere, attention dropout's many tensor sizes fragmented
+    the heap until a training run filled the machine (dist.jemalloc_keep)."""
+    env = {**os.environ, "LD_PRELOAD": str(JEMALLOC[0])}
+    out = subprocess.run([sys.executable, "-c", DECAYS], env=env, check=True,
+                         capture_output=True, text=True, cwd=ROOT).stdout
+    small, huge = map(int, out.split())
+    assert small > 0 and huge == -1, (small, huge)
