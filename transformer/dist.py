@@ -52,14 +52,17 @@ def keep_freed_memory() -> bool:
 
 def jemalloc_keep(mallctl) -> bool:
     """Never purge jemalloc's huge-block arena (blocks of `opt.oversize_threshold`, 8 MiB, and
-    more; by default it purges them at once); the other arenas keep their decay (10 s).
+    more; by default it purges them at once), and never force-purge the lazily purged pages of
+    the others: their dirty pages still decay over 10 s into muzzy ones (MADV_FREE), which the
+    kernel takes back only under memory pressure and which, until it does, cost no page fault
+    to reuse.
 
     Not purging at all (decay -1 everywhere, as this once did) also stops jemalloc coalescing
     freed neighbours: it merges dirty extents only when it purges them. With attention dropout's
     (B, h, T, S) tensors in thousands of sizes, the heap then grew without end: a 20-minute
     multi30k run went from 1.5 to 24 GB in 1,640 updates and stalled in swap, with
-    `stats.allocated` flat at 0.76 GB. A step reuses its blocks within 10 s, so the decay keeps
-    them; only ones left unused that long are purged, and coalesced on the way.
+    `stats.allocated` flat at 0.76 GB. Purging the small arenas fully (their muzzy decay of 0)
+    instead cost ~6% of the preset's steps in page faults (benchmarks/memory_bench.py).
     """
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -69,13 +72,20 @@ def jemalloc_keep(mallctl) -> bool:
         size = ctypes.c_size_t(ctypes.sizeof(out))
         if mallctl(name, ctypes.byref(out), ctypes.byref(size), None, ctypes.c_size_t(0)):
             return False  # a jemalloc without a huge arena (< 5.2): keep its defaults
-    if threshold.value == 0:
-        return True  # no huge arena: big blocks decay like the rest
-    libc.free(libc.malloc(threshold.value))  # the huge arena (index opt.narenas) now exists
     never = ctypes.c_ssize_t(-1)
-    return all(mallctl(f"arena.{narenas.value}.{kind}_decay_ms".encode(), None, None,
-                       ctypes.byref(never), ctypes.c_size_t(ctypes.sizeof(never))) == 0
-               for kind in ("dirty", "muzzy"))
+
+    def set_never(name: str) -> bool:
+        return mallctl(name.encode(), None, None, ctypes.byref(never),
+                       ctypes.c_size_t(ctypes.sizeof(never))) == 0
+
+    ok = set_never("arenas.muzzy_decay_ms")  # the default for arenas created from now on
+    for i in range(narenas.value):  # an arena not yet initialized refuses: it takes the default
+        set_never(f"arena.{i}.muzzy_decay_ms")
+    if threshold.value == 0:
+        return ok  # no huge arena: big blocks decay like the rest
+    libc.free(libc.malloc(threshold.value))  # the huge arena (index opt.narenas) now exists
+    return ok and set_never(f"arena.{narenas.value}.dirty_decay_ms") and set_never(
+        f"arena.{narenas.value}.muzzy_decay_ms")
 
 
 class CpuShare:
