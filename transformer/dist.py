@@ -31,8 +31,9 @@ def keep_freed_memory() -> bool:
     next use. glibc by default serves them with mmap and unmaps them on free: measured here, that
     halved decoding speed and cost ~20% of training speed. jemalloc (preloaded for long runs)
     purges blocks of 8 MiB and more at once: an 8 MiB ReLU took 5.0 ms instead of 0.19, and the
-    multi30k-en-de step ran 1.15-1.35x slower (1.25 against 1.68 steps/s); `jemalloc_keep` says
-    what else it keeps, and why not all. True when set (glibc or a preloaded jemalloc on Linux; elsewhere a no-op).
+    multi30k-en-de step ran 1.15-1.35x slower (1.25 against 1.68 steps/s). `jemalloc_keep` says
+    what else it keeps, and why not everything. True when set (glibc or a preloaded jemalloc on
+    Linux; elsewhere a no-op).
     """
     if not sys.platform.startswith("linux"):
         return False
