@@ -30,16 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multi30k_mfu import step_fn  # benchmarks/ is on sys.path: the script's own folder
+from multi30k_mfu import setup  # benchmarks/ is on sys.path: the script's own folder
 
-from transformer import config, dist
-from transformer.data import BatchSampler, load_split
-from transformer.model import Transformer
-from transformer.tokenizer import load_tokenizer
-from transformer.train import batch_stream, output_ids
+from transformer import dist
 
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
 SETTINGS = ("keep", "off", "eager", "default")
@@ -77,24 +71,11 @@ def child(args: argparse.Namespace) -> None:
         narenas, size = ctypes.c_uint(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_uint))
         mallctl(b"opt.narenas", ctypes.byref(narenas), ctypes.byref(size), None, 0)
         set_decay(mallctl, ("muzzy",), 0, narenas.value)
-    p = config.load_all(args.params)
-    mcfg, tcfg = p["model"], p["train"]
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    precision = dist.resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
-    data, valid = load_split(args.shards, "train"), load_split(args.shards, "valid")
-    vocab = load_tokenizer(args.tokenizer).get_vocab_size()
-    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
-    torch.manual_seed(tcfg.seed)
-    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data, valid)).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(tcfg.adam_betas),
-                           eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
-    step = step_fn(model, opt, tcfg.label_smoothing,
-                   torch.bfloat16 if precision == "bf16" else torch.float32)
-    stream, start = batch_stream(data, sampler), time.perf_counter()
+    run = setup(args.params, args.shards, args.tokenizer)
+    start = time.perf_counter()
     page = os.sysconf("SC_PAGESIZE")
     for i in range(1, args.steps + 1):
-        step(next(stream)[1])
+        run.step(next(run.stream)[1])
         if i % args.every == 0 or i == args.steps:
             rss = int(Path("/proc/self/statm").read_text().split()[1]) * page >> 20
             print(json.dumps({"step": i, "seconds": time.perf_counter() - start, "rss": rss,

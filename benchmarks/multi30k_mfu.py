@@ -22,6 +22,7 @@ import sys
 import time
 from itertools import islice
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,6 +45,29 @@ def step_fn(model, opt, eps, dtype):
             opt.step()
             opt.zero_grad(set_to_none=True)
     return step
+
+
+def setup(params: Path, shards: Path, tokenizer: Path) -> SimpleNamespace:
+    """The train stage's model, Adam and batches for `params`, on this CPU: mcfg, tcfg,
+    precision, dtype, vocab, model, step (forward, loss, backward, Adam) and stream (of
+    (position, batch), as the train stage reads them)."""
+    p = config.load_all(params)
+    mcfg, tcfg = p["model"], p["train"]
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    precision = dist.resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    vocab = load_tokenizer(tokenizer).get_vocab_size()
+    data = load_split(shards, "train")
+    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
+    torch.manual_seed(tcfg.seed)
+    valid = load_split(shards, "valid")  # the train stage's output set: train + valid
+    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data, valid)).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(tcfg.adam_betas),
+                           eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
+    return SimpleNamespace(mcfg=mcfg, tcfg=tcfg, precision=precision, dtype=dtype, vocab=vocab,
+                           model=model, step=step_fn(model, opt, tcfg.label_smoothing, dtype),
+                           stream=batch_stream(data, sampler))
 
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
@@ -106,23 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (compile, caches)")
     args = ap.parse_args(argv)
     dist.keep_freed_memory()  # as the train stage's process does
-    p = config.load_all(args.params)
-    mcfg, tcfg = p["model"], p["train"]
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    precision = dist.resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    vocab = load_tokenizer(args.tokenizer).get_vocab_size()
-    data = load_split(args.shards, "train")
-    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
-    batches = [b for _, b in islice(batch_stream(data, sampler), args.warmup + args.steps)]
+    run = setup(args.params, args.shards, args.tokenizer)
+    model, mcfg, tcfg, precision, vocab, dtype = (run.model, run.mcfg, run.tcfg, run.precision,
+                                                  run.vocab, run.dtype)
+    batches = [b for _, b in islice(run.stream, args.warmup + args.steps)]
     timed = batches[args.warmup:]
-    torch.manual_seed(tcfg.seed)
-    valid = load_split(args.shards, "valid")  # the train stage's output set: train + valid
-    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data, valid)).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=tuple(tcfg.adam_betas),
-                           eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
-    step = step_fn(model, opt, tcfg.label_smoothing, dtype)
+    step = run.step
     for b in batches[: args.warmup]:
         step(b)
     t = time.perf_counter()
