@@ -1,9 +1,10 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), in paper order.
 
 Encoder-decoder, post-LN residual blocks (§3.1), scaled dot-product multi-head attention through
-`F.scaled_dot_product_attention` (§3.2), position-wise FFN (§3.3), shared embeddings scaled by
-√d_model (§3.4), sinusoidal positions (§3.5), dropout on sub-layer outputs and on
-embeddings + positions (§5.4), label smoothing (§5.4). `decode` supports an incremental cache.
+`F.scaled_dot_product_attention` or spelled out where that is faster (§3.2), position-wise FFN
+(§3.3), shared embeddings scaled by √d_model (§3.4), sinusoidal positions (§3.5), dropout on
+sub-layer outputs and on embeddings + positions (§5.4), label smoothing (§5.4). `decode` supports
+an incremental cache.
 """
 
 from __future__ import annotations
@@ -26,6 +27,29 @@ def sinusoids(n_pos: int, d_model: int) -> Tensor:
     pe[:, 0::2] = torch.sin(pos * inv)
     pe[:, 1::2] = torch.cos(pos * inv)
     return pe  # (n_pos, D)
+
+
+def spelled_out(q: Tensor) -> bool:
+    """Whether `attention` below, rather than SDPA, computes Eq. 1: when training on CPU in bf16.
+    There SDPA's flash kernel is 1.0-5x slower for the attention (forward + backward; the most at
+    Multi30k's short sentences), and a whole Multi30k training step ~1.2x (benchmarks/
+    attention_bench.py). In fp32 SDPA's fused backward wins, on GPUs its kernels, and in bf16
+    inference it wins from ~100 positions (decoding steps have their own path: incremental.py)."""
+    return q.is_cpu and q.dtype == torch.bfloat16 and q.requires_grad
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+              p_drop: float = 0.0) -> Tensor:
+    """Eq. 1 spelled out, with dropout on the weights (SDPA with dropout_p > 0 takes this math
+    path on CPU too, but draws its mask with the slow Bernoulli sampler). The softmax is fp32."""
+    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, T, S)
+    if causal:
+        T, S = scores.shape[-2:]
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = dropout(torch.softmax(scores, dim=-1, dtype=torch.float32), p_drop, True)
+    return weights.to(v.dtype) @ v  # (B, h, T, d_k)
 
 
 class MultiHeadAttention(nn.Module):
@@ -53,25 +77,13 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-        if self.training and self.p_attn > 0:
-            o = self.attend_with_dropout(q, k, v, mask, causal)
+        p = self.p_attn if self.training else 0.0
+        if p > 0 or spelled_out(q):
+            o = attention(q, k, v, mask, causal, p)
         else:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         B, h, T, d_k = o.shape
         return self.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, D)
-
-    def attend_with_dropout(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                            causal: bool) -> Tensor:
-        """Eq. 1 spelled out: SDPA with dropout_p > 0 takes the same math path on CPU, but draws
-        its mask with the slow Bernoulli sampler."""
-        scores = q @ k.transpose(-2, -1) * self.d_k**-0.5  # (B, h, T, S)
-        if causal:
-            T, S = scores.shape[-2:]
-            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = dropout(torch.softmax(scores, dim=-1), self.p_attn, True)
-        return weights.to(v.dtype) @ v  # (B, h, T, d_k)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """Self-attention over x (B, T, D); `mask` (B, 1, 1|T, T) bool, True = attend."""
