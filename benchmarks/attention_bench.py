@@ -1,26 +1,16 @@
-"""Attention on CPU: SDPA against model.py's spelled-out Eq. 1, by op and by whole training step.
+"""Attention on CPU: SDPA against model.py's spelled-out Eq. 1 (`model.attention`), by op.
 
-    python benchmarks/attention_bench.py                       # the op, at several shapes
-    python benchmarks/attention_bench.py --shards data/shards --tokenizer data/tokenizer \\
-        --params params.yaml --steps 150 --rounds 3            # and whole training steps
+    python benchmarks/attention_bench.py [--calls 30]
 
 By op: one attention call (random q, k, v; padding masks, or causal) forward + backward under bf16
 autocast and in fp32, and forward only (inference mode), timed alternately for each kernel; the
-ratio is SDPA's time over the spelled-out one's (> 1: spelled out is faster). `model.spelled_out`
-picks the spelled-out path on CPU in bf16 from these figures.
-
-By training step: the train stage's step (`multi30k_mfu.setup`: the params' model, Adam, batches,
-precision and threads) in a fresh process per kernel, the kernels alternating over --rounds so
-that drift in the host's speed hits both; the first 30 steps are not timed. Run it alone: other
-processes on the 2 cores distort it. Nothing is asserted: it prints tables.
+ratio is SDPA's time over the spelled-out one's (> 1: spelled out is faster). Run it alone:
+other processes on the 2 cores distort it. Nothing is asserted: it prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,59 +68,12 @@ def op_table(n: int) -> None:
                       f"{a:8.2f} {b:10.2f} {a / b:6.2f}", flush=True)
 
 
-def child(args: argparse.Namespace) -> None:
-    """Steps/s of the train stage's step with one kernel, as a JSON line."""
-    from multi30k_mfu import setup  # benchmarks/ is on sys.path: the script's own folder
-
-    if args.child == "sdpa":
-        model_py.spelled_out = lambda q: False  # the baseline: SDPA everywhere
-    run = setup(args.params, args.shards, args.tokenizer)
-    for i in range(args.steps):
-        if i == 30:
-            start = time.perf_counter()
-        run.step(next(run.stream)[1])
-    print(json.dumps({"steps_per_s": (args.steps - 30) / (time.perf_counter() - start)}))
-
-
-def step_table(args: argparse.Namespace) -> None:
-    ratios = []
-    for r in range(args.rounds):
-        speed = {}
-        for kernel in (KERNELS if r % 2 == 0 else reversed(KERNELS)):
-            cmd = [sys.executable, __file__, "--shards", str(args.shards), "--tokenizer",
-                   str(args.tokenizer), "--params", str(args.params), "--steps",
-                   str(args.steps), "--child", kernel]
-            out = subprocess.run(cmd, check=False, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"attention_bench: the {kernel} process failed:\n{out.stderr[-2000:]}")
-            speed[kernel] = json.loads(out.stdout.splitlines()[-1])["steps_per_s"]
-        ratios.append(speed["spelled"] / speed["sdpa"])
-        print(f"round {r + 1}: sdpa {speed['sdpa']:.2f} steps/s, spelled out "
-              f"{speed['spelled']:.2f} steps/s, {ratios[-1]:.2f}x", flush=True)
-    print(f"training step, spelled out / sdpa: median {statistics.median(ratios):.2f}x "
-          f"over {len(ratios)} rounds")
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=30, help="timed calls per op measurement")
-    ap.add_argument("--shards", type=Path, help="also time whole training steps on these shards")
-    ap.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer"))
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
-    ap.add_argument("--steps", type=int, default=150, help="training steps per process")
-    ap.add_argument("--rounds", type=int, default=3, help="processes per kernel, alternated")
-    ap.add_argument("--skip-ops", action="store_true", help="only the training-step table")
-    ap.add_argument("--child", choices=KERNELS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        return child(args)
-    if not args.skip_ops:
-        op_table(args.calls)
-    if args.shards:
-        if args.steps <= 30:
-            sys.exit("attention_bench: --steps must exceed the 30 untimed warm-up steps")
-        step_table(args)
+    op_table(args.calls)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), in paper order.
 
 Encoder-decoder, post-LN residual blocks (§3.1), scaled dot-product multi-head attention through
-`F.scaled_dot_product_attention` or spelled out where that is faster (§3.2), position-wise FFN
+`F.scaled_dot_product_attention` (§3.2; spelled out for attention dropout), position-wise FFN
 (§3.3), shared embeddings scaled by √d_model (§3.4), sinusoidal positions (§3.5), dropout on
 sub-layer outputs and on embeddings + positions (§5.4), label smoothing (§5.4). `decode` supports
 an incremental cache.
@@ -27,15 +27,6 @@ def sinusoids(n_pos: int, d_model: int) -> Tensor:
     pe[:, 0::2] = torch.sin(pos * inv)
     pe[:, 1::2] = torch.cos(pos * inv)
     return pe  # (n_pos, D)
-
-
-def spelled_out(q: Tensor) -> bool:
-    """Whether `attention` below, rather than SDPA, computes Eq. 1: when training on CPU in bf16.
-    There SDPA's flash kernel is 1.0-5x slower for the attention (forward + backward; the most at
-    Multi30k's short sentences), and a whole Multi30k training step ~1.2x (benchmarks/
-    attention_bench.py). In fp32 SDPA's fused backward wins, on GPUs its kernels, and in bf16
-    inference it wins from ~100 positions (decoding steps have their own path: incremental.py)."""
-    return q.is_cpu and q.dtype == torch.bfloat16 and q.requires_grad
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
@@ -78,7 +69,7 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         p = self.p_attn if self.training else 0.0
-        if p > 0 or spelled_out(q):
+        if p > 0:
             o = attention(q, k, v, mask, causal, p)
         else:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
