@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transformer import model as model_py
+from transformer.model import attention
 
 # (B, h, T, d_k): Multi30k's batches (2048 tokens, T ~20) up to WMT's longer sentences
 SHAPES = [(100, 4, 20, 64), (64, 8, 32, 64), (50, 8, 60, 64), (25, 16, 100, 64)]
 KERNELS = {
     "sdpa": lambda q, k, v, m, c: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=c),
-    "spelled": model_py.attention,
+    "spelled": attention,
 }
 
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multi30k_mfu import setup  # benchmarks/ is on sys.path: the script's own folder
+from multi30k_mfu import add_run_args, setup  # benchmarks/ is on sys.path: the script's own folder
 
 from transformer import dist
 
@@ -86,9 +86,7 @@ def child(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards", type=Path)
-    ap.add_argument("tokenizer", type=Path)
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_run_args(ap)
     ap.add_argument("--steps", type=int, default=1000, help="training steps per setting")
     ap.add_argument("--every", type=int, default=100, help="report memory every N steps")
     ap.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))

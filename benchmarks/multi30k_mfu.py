@@ -70,6 +70,13 @@ def setup(params: Path, shards: Path, tokenizer: Path) -> SimpleNamespace:
                            stream=batch_stream(data, sampler))
 
 
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """`setup`'s inputs, as the benchmarks that train the train stage's steps take them."""
+    ap.add_argument("shards", type=Path, help="a run's data/shards")
+    ap.add_argument("tokenizer", type=Path, help="a run's data/tokenizer")
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+
+
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
            torch.ops.aten.baddbmm.default}
 
@@ -123,33 +130,29 @@ def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards", type=Path)
-    ap.add_argument("tokenizer", type=Path)
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_run_args(ap)
     ap.add_argument("--steps", type=int, default=40, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (compile, caches)")
     args = ap.parse_args(argv)
     dist.keep_freed_memory()  # as the train stage's process does
     run = setup(args.params, args.shards, args.tokenizer)
-    model, mcfg, tcfg, precision, vocab, dtype = (run.model, run.mcfg, run.tcfg, run.precision,
-                                                  run.vocab, run.dtype)
+    mcfg, tcfg = run.mcfg, run.tcfg
     batches = [b for _, b in islice(run.stream, args.warmup + args.steps)]
     timed = batches[args.warmup:]
-    step = run.step
     for b in batches[: args.warmup]:
-        step(b)
+        run.step(b)
     t = time.perf_counter()
     for b in timed:
-        step(b)
+        run.step(b)
     seconds = time.perf_counter() - t
 
     steps = []
     with FlopCounterMode(display=False) as fc, RecordMatmuls() as rec:  # one pass for both
-        count = step_fn(model, None, tcfg.label_smoothing, dtype)
+        count = step_fn(run.model, None, tcfg.label_smoothing, run.dtype)
         for b in timed:
             count(b)
             steps.append(rec.cut())
-    model.zero_grad(set_to_none=True)
+    run.model.zero_grad(set_to_none=True)
     flops = fc.get_total_flops()
     tgt = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in timed)
     src = sum(int(b.src.ne(PAD_ID).sum()) for b in timed)
@@ -158,8 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     achieved = flops / seconds / 1e9
     gemm_s, gemm_flops = replay(steps)
     print(f"params {args.params}: d_model {mcfg.d_model}, d_ff {mcfg.d_ff}, {mcfg.n_layers}+"
-          f"{mcfg.n_layers} layers, vocab {vocab}, max_tokens {tcfg.max_tokens}, threads "
-          f"{torch.get_num_threads()}, output_vocab {mcfg.output_vocab}, {precision}")
+          f"{mcfg.n_layers} layers, vocab {run.vocab}, max_tokens {tcfg.max_tokens}, threads "
+          f"{torch.get_num_threads()}, output_vocab {mcfg.output_vocab}, {run.precision}")
     print(f"training: {len(timed)} steps in {seconds:.1f} s = {len(timed) / seconds:.2f} steps/s,"
           f" {tgt / seconds:,.0f} target tokens/s")
     print(f"executed: {flops / len(timed) / 1e9:.1f} GFLOP per step ({flops / tgt / 1e6:.1f} "
