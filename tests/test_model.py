@@ -186,6 +186,18 @@ def test_spelled_out_attention_is_sdpa(causal, T):
     torch.testing.assert_close(attention(q, k, v, mask, causal), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_spelled_out_attention_keeps_scores_fp32_under_bf16_autocast():
+    """Scores 99 and 99.75 are 99 and 100 in bf16 (spacing 0.5 there): the weights would be
+    softmax([0, 1]) instead of softmax([0, 0.75]). Inputs are exact in bf16; d_k = 1."""
+    q = torch.tensor([3.0]).view(1, 1, 1, 1)
+    k = torch.tensor([33.0, 33.25]).view(1, 1, 2, 1)
+    v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
+    ref = torch.softmax(torch.tensor([0.0, 0.75]), -1)[1]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k, v, None, False)
+    assert abs(out.float().item() - ref.item()) < 0.01
+
+
 def test_attention_dropout_drops_and_keeps_causality():
     m = tiny(dropout=0.0, attention_dropout=0.3).train()
     src, tgt = batch()

@@ -32,14 +32,16 @@ def sinusoids(n_pos: int, d_model: int) -> Tensor:
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
               p_drop: float = 0.0) -> Tensor:
     """Eq. 1 spelled out, with dropout on the weights (SDPA with dropout_p > 0 takes this math
-    path on CPU too, but draws its mask with the slow Bernoulli sampler). The softmax is fp32."""
-    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, T, S)
+    path on CPU too, but draws its mask with the slow Bernoulli sampler). QK^T and the softmax
+    are fp32 under autocast, as in SDPA's fused kernels: bf16 scores lost val BLEU (README)."""
+    with torch.autocast(q.device.type, enabled=False):
+        scores = q.float() @ k.float().transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, T, S)
     if causal:
         T, S = scores.shape[-2:]
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = dropout(torch.softmax(scores, dim=-1, dtype=torch.float32), p_drop, True)
+    weights = dropout(torch.softmax(scores, dim=-1), p_drop, True)
     return weights.to(v.dtype) @ v  # (B, h, T, d_k)
 
 
