@@ -33,7 +33,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool
               p_drop: float = 0.0) -> Tensor:
     """Eq. 1 spelled out, with dropout on the weights (SDPA with dropout_p > 0 takes this math
     path on CPU too, but draws its mask with the slow Bernoulli sampler). QK^T and the softmax
-    are fp32 under autocast, as in SDPA's fused kernels: bf16 scores lost val BLEU (README)."""
+    are fp32 under autocast, as in SDPA's fused kernels, so switching paths keeps the numerics."""
     with torch.autocast(q.device.type, enabled=False):
         scores = q.float() @ k.float().transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, T, S)
     if causal:
