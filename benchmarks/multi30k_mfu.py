@@ -11,7 +11,9 @@ In one process, with the params' model, batch size and threads:
    nothing but its matmuls.
 The last ratio says how much of the step is matmul at the speed this CPU's BLAS gives those
 shapes: near 1, no rewrite of the rest buys many more updates an hour; only fewer FLOPs, a
-faster GEMM (native bf16) or more cores can.
+faster GEMM (native bf16) or more cores can. Far below 1 (an AMX CPU's bf16 GEMMs), the rest of
+the step is the limit: `--profile N` then runs the timed steps again under torch.profiler and
+prints the N ops with the most self CPU time, and their share of it.
 """
 
 from __future__ import annotations
@@ -127,12 +129,26 @@ def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
     return seconds, flops
 
 
+def top_ops(step, batches, n: int) -> tuple[list[tuple[str, float, int]], float]:
+    """`step` over `batches` under torch.profiler: the `n` ops with the most self CPU time as
+    (name, seconds, calls), and the self CPU time of every op together."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for b in batches:
+            step(b)
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ops) / 1e6
+    return [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in ops[:n]], total
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(ap)
     ap.add_argument("--steps", type=int, default=40, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (compile, caches)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile the timed steps and print the N ops with the most self "
+                         "CPU time (default: no profile)")
     args = ap.parse_args(argv)
     dist.keep_freed_memory()  # as the train stage's process does
     run = setup(args.params, args.shards, args.tokenizer)
@@ -172,6 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"the same steps' {sum(map(len, steps))} matmuls alone ({100 * gemm_flops / flops:.0f}% of "
           f"the FLOPs): {gemm_s:.1f} s at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s")
     print(f"matmuls alone / the whole step: {gemm_s / seconds:.2f} of the time")
+    if args.profile:
+        ops, total = top_ops(run.step, timed, args.profile)
+        print(f"profiled: {total / len(timed) * 1e3:.1f} ms of self CPU time per step; the top "
+              f"{len(ops)} ops (ms per step, share, calls per step):")
+        for name, s, calls in ops:
+            print(f"  {name[:48]:<48} {s / len(timed) * 1e3:7.1f} {100 * s / total:5.1f}% "
+                  f"{calls / len(timed):6.0f}")
 
 
 if __name__ == "__main__":

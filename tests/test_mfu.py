@@ -27,3 +27,20 @@ def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
     assert len(steps[0]) > 10 and len(steps[0]) == len(steps[1]) and seconds > 0
     # forward and backward, every projection and attention, of both steps
     assert flops == 2 * fc.get_total_flops()
+
+
+
+def test_top_ops_are_the_steps_ops_by_self_time(load_benchmark):
+    mfu = load_benchmark("multi30k_mfu")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2), 50).train()
+    b = Batch(torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6)),
+              torch.randint(4, 50, (3, 6)))
+    step = mfu.step_fn(model, None, 0.1, torch.float32)
+    ops, total = mfu.top_ops(step, [b, b], 10_000)  # every op
+    seconds = [s for _, s, _ in ops]
+    assert seconds == sorted(seconds, reverse=True)
+    assert abs(sum(seconds) - total) < 1e-6 * total  # all of them add up to the total
+    assert {"aten::mm", "aten::addmm"} & {name for name, _, _ in ops}  # the projections
+    top, _ = mfu.top_ops(step, [b], 3)
+    assert len(top) == 3
