@@ -8,14 +8,18 @@ from transformer.data import Batch
 from transformer.model import Transformer
 
 
-def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
-    mfu = load_benchmark("multi30k_mfu")
+def tiny_step(mfu):
+    """A tiny model's training step (no optimizer) and one batch for it."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2), 50).train()
     src = torch.randint(4, 50, (3, 7))
     tgt = torch.randint(4, 50, (3, 6))
-    step = mfu.step_fn(model, None, 0.1, torch.float32)
-    b = Batch(src, tgt, tgt)
+    return mfu.step_fn(model, None, 0.1, torch.float32), Batch(src, tgt, tgt)
+
+
+def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
+    mfu = load_benchmark("multi30k_mfu")
+    step, b = tiny_step(mfu)
     with FlopCounterMode(display=False) as fc:
         step(b)
     steps = []
@@ -29,14 +33,9 @@ def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
     assert flops == 2 * fc.get_total_flops()
 
 
-
 def test_top_ops_are_the_steps_ops_by_self_time(load_benchmark):
     mfu = load_benchmark("multi30k_mfu")
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2), 50).train()
-    b = Batch(torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6)),
-              torch.randint(4, 50, (3, 6)))
-    step = mfu.step_fn(model, None, 0.1, torch.float32)
+    step, b = tiny_step(mfu)
     ops, total = mfu.top_ops(step, [b, b], 10_000)  # every op
     seconds = [s for _, s, _ in ops]
     assert seconds == sorted(seconds, reverse=True)
