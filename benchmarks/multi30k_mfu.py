@@ -13,7 +13,8 @@ The last ratio says how much of the step is matmul at the speed this CPU's BLAS 
 shapes: near 1, no rewrite of the rest buys many more updates an hour; only fewer FLOPs, a
 faster GEMM (native bf16) or more cores can. Far below 1 (an AMX CPU's bf16 GEMMs), the rest of
 the step is the limit: `--profile N` then runs the timed steps again under torch.profiler and
-prints the N ops with the most self CPU time, and their share of it.
+prints the N ops with the most self CPU time, and their share of it (`--by-shape`: each op's
+input shapes apart).
 """
 
 from __future__ import annotations
@@ -129,15 +130,20 @@ def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
     return seconds, flops
 
 
-def top_ops(step, batches, n: int) -> tuple[list[tuple[str, float, int]], float]:
+def top_ops(step, batches, n: int,
+            by_shape: bool = False) -> tuple[list[tuple[str, float, int]], float]:
     """`step` over `batches` under torch.profiler: the `n` ops with the most self CPU time as
-    (name, seconds, calls), and the self CPU time of every op together."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    (name, seconds, calls), and the self CPU time of every op together. `by_shape` counts each
+    op's input shapes apart (the name then ends with them): which of 400 casts a step cost."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=by_shape) as prof:
         for b in batches:
             step(b)
-    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    ops = sorted(prof.key_averages(group_by_input_shape=by_shape),
+                 key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in ops) / 1e6
-    return [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in ops[:n]], total
+    name = (lambda e: f"{e.key} {e.input_shapes}") if by_shape else (lambda e: e.key)
+    return [(name(e), e.self_cpu_time_total / 1e6, e.count) for e in ops[:n]], total
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the timed steps and print the N ops with the most self "
                          "CPU time (default: no profile)")
+    ap.add_argument("--by-shape", action="store_true",
+                    help="with --profile: count each op's input shapes apart")
     args = ap.parse_args(argv)
     dist.keep_freed_memory()  # as the train stage's process does
     run = setup(args.params, args.shards, args.tokenizer)
@@ -189,12 +197,12 @@ def main(argv: list[str] | None = None) -> None:
           f"the FLOPs): {gemm_s:.1f} s at {gemm_flops / gemm_s / 1e9:.1f} GFLOP/s")
     print(f"matmuls alone / the whole step: {gemm_s / seconds:.2f} of the time")
     if args.profile:
-        ops, total = top_ops(run.step, timed, args.profile)
+        ops, total = top_ops(run.step, timed, args.profile, args.by_shape)
         print(f"profiled: {total / len(timed) * 1e3:.1f} ms of self CPU time per step; the top "
               f"{len(ops)} ops (ms per step, share, calls per step):")
         for name, s, calls in ops:
             print(f"  {name[:48]:<48} {s / len(timed) * 1e3:7.1f} {100 * s / total:5.1f}% "
-                  f"{calls / len(timed):6.0f}")
+                  f"{calls / len(timed):6.0f}" + (f"  {name[48:]}" if len(name) > 48 else ""))
 
 
 if __name__ == "__main__":

@@ -43,3 +43,8 @@ def test_top_ops_are_the_steps_ops_by_self_time(load_benchmark):
     assert {"aten::mm", "aten::addmm"} & {name for name, _, _ in ops}  # the projections
     top, _ = mfu.top_ops(step, [b], 3)
     assert len(top) == 3
+    shaped, _ = mfu.top_ops(step, [b, b], 10_000, by_shape=True)
+    assert len(shaped) > len(ops)  # the same ops, split by their input shapes
+    mm = [(name, calls) for name, _, calls in shaped if name.startswith("aten::mm [")]
+    assert len(mm) > 1 and all(name.endswith("]") for name, _ in mm)
+    assert sum(c for _, c in mm) == {n: c for n, _, c in ops}["aten::mm"]
