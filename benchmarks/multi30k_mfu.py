@@ -134,7 +134,8 @@ def top_ops(step, batches, n: int,
             by_shape: bool = False) -> tuple[list[tuple[str, float, int]], float]:
     """`step` over `batches` under torch.profiler: the `n` ops with the most self CPU time as
     (name, seconds, calls), and the self CPU time of every op together. `by_shape` counts each
-    op's input shapes apart (the name then ends with them): which of 400 casts a step cost."""
+    op's input shapes apart (the name then ends with them): which shapes of a step's ~450
+    copies cost most."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 record_shapes=by_shape) as prof:
         for b in batches:
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--by-shape", action="store_true",
                     help="with --profile: count each op's input shapes apart")
     args = ap.parse_args(argv)
+    if args.by_shape and not args.profile:
+        ap.error("--by-shape needs --profile N")
     dist.keep_freed_memory()  # as the train stage's process does
     run = setup(args.params, args.shards, args.tokenizer)
     mcfg, tcfg = run.mcfg, run.tcfg
@@ -201,8 +204,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"profiled: {total / len(timed) * 1e3:.1f} ms of self CPU time per step; the top "
               f"{len(ops)} ops (ms per step, share, calls per step):")
         for name, s, calls in ops:
-            print(f"  {name[:48]:<48} {s / len(timed) * 1e3:7.1f} {100 * s / total:5.1f}% "
-                  f"{calls / len(timed):6.0f}" + (f"  {name[48:]}" if len(name) > 48 else ""))
+            op, _, shapes = name.partition(" [") if args.by_shape else (name, "", "")
+            print(f"  {op[:48]:<48} {s / len(timed) * 1e3:7.1f} {100 * s / total:5.1f}% "
+                  f"{calls / len(timed):6.0f}" + (f"  [{shapes}" if shapes else ""))
 
 
 if __name__ == "__main__":
