@@ -143,8 +143,8 @@ def top_ops(step, batches, n: int,
     ops = sorted(prof.key_averages(group_by_input_shape=by_shape),
                  key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in ops) / 1e6
-    name = (lambda e: f"{e.key} {e.input_shapes}") if by_shape else (lambda e: e.key)
-    return [(name(e), e.self_cpu_time_total / 1e6, e.count) for e in ops[:n]], total
+    return [(f"{e.key} {e.input_shapes}" if by_shape else e.key, e.self_cpu_time_total / 1e6,
+             e.count) for e in ops[:n]], total
 
 
 def main(argv: list[str] | None = None) -> None:
