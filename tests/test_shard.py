@@ -168,3 +168,66 @@ def test_pass_two_in_small_pieces_writes_the_same_shards(stage, tmp_path, monkey
     for meta in index["shards"]:
         want = (root / "shards" / "train" / meta["file"]).read_bytes()
         assert (tmp_path / meta["file"]).read_bytes() == want
+
+
+def _shard_with(root: Path, tok_dir: Path, out: Path, params: str) -> dict:
+    """Run the stage on the fixture's raw/ with `params` as params.yaml; returns its metrics."""
+    out.mkdir(exist_ok=True)
+    (out / "params.yaml").write_text(params)
+    S.main(
+        [str(root / "raw"), str(tok_dir), str(out / "shards")]
+        + ["--params", str(out / "params.yaml"), "--metrics", str(out / "shard.json")]
+    )
+    return json.loads((out / "shard.json").read_text())
+
+
+def test_bpe_dropout_copies_resegment_train_and_nothing_else(stage, tmp_path):
+    """Each train pair comes back up to 3 times, the same text cut into other units."""
+    root, data, tok, _ = stage
+    limit = 2 * MAX_LEN  # room for the longer segmentations
+    params = f"shard: {{max_len: {limit}, bpe_dropout: 0.1, train_copies: 3}}\n"
+    metrics = _shard_with(root, root / "tok", tmp_path, params)
+    assert metrics["train"]["copies"] == 3
+    assert metrics["train"]["pairs_in"] == 3 * len(data["train"])
+    fits = Counter(p for p in data["train"] if all(len(tok.encode(x).ids) < limit for x in p))
+    ds = load_split(tmp_path / "shards", "train")
+    got, resegmented = Counter(), 0
+    for i in range(len(ds)):
+        src, tgt = ds[i]
+        pair = tok.decode(src[:-1].tolist()), tok.decode(tgt[:-1].tolist())
+        got[pair] += 1
+        resegmented += src[:-1].tolist() != tok.encode(pair[0]).ids
+    assert all(got[p] <= 3 * fits[p] for p in got)  # only kept pairs, at most once per copy
+    assert len(ds) >= 0.9 * 3 * sum(fits.values())  # dropout makes a few too long, no more
+    assert resegmented > len(ds) // 4  # the copies really are cut differently
+    for split in ("valid", "test"):  # never dropped: every pair cut as plain BPE cuts it
+        ds = load_split(tmp_path / "shards", split)
+        assert len(ds) == len(data[split]) and metrics[split]["copies"] == 1
+        for src, tgt in (ds[i] for i in range(len(ds))):
+            for ids in (src[:-1].tolist(), tgt[:-1].tolist()):
+                assert ids == tok.encode(tok.decode(ids)).ids
+
+
+@pytest.mark.parametrize(
+    "extra, error",
+    [
+        ("train_copies: 2", "shard.train_copies is 2 but shard.bpe_dropout is 0"),
+        ("bpe_dropout: 1.0", r"shard.bpe_dropout \(1.0\) must be in \[0, 1\)"),
+    ],
+)
+def test_bad_bpe_dropout_settings_name_the_key(stage, tmp_path, extra, error):
+    root = stage[0]
+    with pytest.raises(SystemExit, match=error):
+        _shard_with(root, root / "tok", tmp_path, f"shard: {{max_len: 20, {extra}}}\n")
+    assert not (tmp_path / "shards").exists()
+
+
+def test_bpe_dropout_with_a_wordpiece_tokenizer_is_refused(stage, tmp_path):
+    root = stage[0]
+    files = [root / "raw" / "train.en", root / "raw" / "train.de"]
+    cfg = TokenizerConfig(type="wordpiece", vocab_size=600, min_frequency=1)
+    meta = {"type": "wordpiece", "src_lang": "en", "tgt_lang": "de"}
+    T.save_tokenizer(T.train_tokenizer(files, cfg), tmp_path / "wp", meta)
+    with pytest.raises(SystemExit, match=r"wp is a WordPiece tokenizer.*tokenizer.type: bpe"):
+        _shard_with(root, tmp_path / "wp", tmp_path, "shard: {bpe_dropout: 0.1}\n")
+    assert not (tmp_path / "shards").exists()

@@ -104,12 +104,27 @@ class TokenizerConfig:
 class ShardConfig:
     max_len: int = 256  # tokens per side, EOS included; longer pairs are dropped and counted
     shard_pairs: int = 1_000_000  # pairs per shard file at most (bounds the stage's memory)
+    # BPE-dropout (Provilkov et al. 2020; not in the paper): the train split is encoded
+    # `train_copies` times, each time skipping every merge with probability `bpe_dropout`, so
+    # the model sees the same sentence cut into different units. Valid / test are never dropped.
+    bpe_dropout: float = 0.0
+    train_copies: int = 1
 
     def __post_init__(self) -> None:
         if self.max_len < 2 or self.shard_pairs < 1:
             raise ConfigError(
                 f"shard.max_len ({self.max_len}) must be >= 2 and shard.shard_pairs "
                 f"({self.shard_pairs}) >= 1"
+            )
+        if not 0.0 <= self.bpe_dropout < 1.0 or self.train_copies < 1:
+            raise ConfigError(
+                f"shard.bpe_dropout ({self.bpe_dropout}) must be in [0, 1) and "
+                f"shard.train_copies ({self.train_copies}) >= 1"
+            )
+        if self.train_copies > 1 and not self.bpe_dropout:
+            raise ConfigError(
+                f"shard.train_copies is {self.train_copies} but shard.bpe_dropout is 0: the "
+                "copies would be identical (set bpe_dropout, e.g. 0.1, or train_copies: 1)"
             )
 
 

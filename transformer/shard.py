@@ -7,6 +7,12 @@ all cores) and append each pair to a temporary file of its source-length bucket;
 buckets in length order into shards of at most `shard.shard_pairs` pairs, each sorted by
 (source, target) length. Pairs longer than `shard.max_len` on either side (EOS included) are
 dropped and counted, never truncated. The file format is documented in transformer/data.py.
+
+With `shard.bpe_dropout` > 0 the train split is encoded `shard.train_copies` times with
+BPE-dropout, all copies in one split, so an epoch of the sampler is that many passes over the
+corpus. `tokenizers` draws the skipped merges from an unseeded generator: such a train split
+differs from run to run (its sha256s record which one a model saw); without it the stage is
+byte-for-byte deterministic.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 from tqdm import tqdm
 
 from transformer import config
@@ -159,8 +165,9 @@ def shard_split(
     cfg: ShardConfig,
     tok_sha: str,
     chunk: int = 20_000,
+    copies: int = 1,
 ) -> dict[str, Any]:
-    """Encode one split (src, tgt line files) into shards + index.json under `out`."""
+    """Encode one split (src, tgt line files), `copies` times, into shards + index.json."""
     dtype = np.dtype(np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32)
     if cfg.max_len > np.iinfo(dtype).max:
         raise ConfigError(f"shard.max_len {cfg.max_len} does not fit {dtype} lengths")
@@ -170,7 +177,8 @@ def shard_split(
     # Encode chunk k+1 (Rust, GIL released) while numpy files chunk k.
     with ThreadPoolExecutor(1) as pool:
         pending = None
-        for piece in itertools.chain(_chunks(src, tgt, chunk), [None]):
+        passes = (_chunks(src, tgt, chunk) for _ in range(copies))  # lazy: opened in turn
+        for piece in itertools.chain(*passes, [None]):
             nxt = pool.submit(_encode, tok, piece, dtype) if piece else None
             if pending is not None:
                 (sl, sf), (tl, tf) = pending.result()
@@ -198,6 +206,7 @@ def shard_split(
         "vocab_size": tok.get_vocab_size(),
         "dtype": dtype.name,
         "max_len": cfg.max_len,
+        "copies": copies,
         "n_pairs": kept,
         "shards": shards,
     }
@@ -205,6 +214,7 @@ def shard_split(
     n_tok = sum(s["src_tokens"] + s["tgt_tokens"] for s in shards)
     return {
         "pairs_in": n,
+        "copies": copies,
         "pairs": kept,
         "dropped_too_long": dropped,
         "src_tokens": sum(s["src_tokens"] for s in shards),
@@ -238,14 +248,30 @@ def shard(
     with atomic_dir(out_dir) as tmp:
         for split in SPLITS:
             src, tgt = (Path(raw) / f"{split}.{lang}" for lang in langs)
-            if src.exists() or tgt.exists():
-                metrics[split] = shard_split(tok, src, tgt, tmp / split, cfg, sha)
+            if not (src.exists() or tgt.exists()):
+                continue
+            use, copies = tok, 1
+            if split == "train" and cfg.bpe_dropout:
+                use, copies = _with_dropout(tok_dir, cfg.bpe_dropout, langs), cfg.train_copies
+            metrics[split] = shard_split(use, src, tgt, tmp / split, cfg, sha, copies=copies)
     seconds = time.perf_counter() - t0
     metrics["seconds"] = round(seconds, 2)
     metrics["pairs_per_second"] = round(
         sum(m["pairs_in"] for m in metrics.values() if isinstance(m, dict)) / seconds, 1
     )
     return metrics
+
+
+def _with_dropout(tok_dir: Path, p: float, langs: tuple[str, str]) -> Tokenizer:
+    """A second copy of the tokenizer that skips each BPE merge with probability p."""
+    tok = load_tokenizer(tok_dir, expect={"src_lang": langs[0], "tgt_lang": langs[1]})
+    if not isinstance(tok.model, models.BPE):
+        raise ConfigError(
+            f"shard.bpe_dropout is {p}, but {tok_dir} is a {type(tok.model).__name__} "
+            "tokenizer: BPE-dropout needs tokenizer.type: bpe (or set shard.bpe_dropout: 0)"
+        )
+    tok.model.dropout = p
+    return tok
 
 
 def main(argv: list[str] | None = None) -> None:
