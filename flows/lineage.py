@@ -15,7 +15,7 @@ from typing import Any
 
 from flows.dag import Stage, locked_outs
 
-DOWNLOAD, TOKENIZER, EVALUATE = "download", "tokenizer", "evaluate"  # stage names in dvc.yaml
+DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 
 # field -> (stage whose metrics hold it, key paths to try; "/" separates nesting levels)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -76,12 +76,17 @@ def git_revision(project: Path) -> str:
     return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
 
-def data_hash(project: Path, dag: dict[str, Stage]) -> str:
-    """DVC's content hash of the download stage's data outputs (metrics excluded), from dvc.lock."""
-    stage = dag.get(DOWNLOAD)
-    outs = locked_outs(project).get(DOWNLOAD, {})
+def outs_hash(project: Path, dag: dict[str, Stage], name: str) -> str:
+    """DVC's content hashes of a stage's outputs (metrics excluded), from dvc.lock."""
+    stage = dag.get(name)
+    outs = locked_outs(project).get(name, {})
     data = {p: h for p, h in outs.items() if stage and p not in stage.metrics}
     return ",".join(f"{p}={h}" for p, h in sorted(data.items()))
+
+
+def data_hash(project: Path, dag: dict[str, Stage]) -> str:
+    """DVC's content hash of the download stage's data outputs."""
+    return outs_hash(project, dag, DOWNLOAD)
 
 
 def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any]) -> str | None:
@@ -102,6 +107,8 @@ def lineage(project: Path, dag: dict[str, Stage], **extra: Any) -> dict[str, Any
     record = {f: pick(metrics[stage], paths) for f, (stage, paths) in FIELDS.items()}
     record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD])
     record["data_hash"] = data_hash(project, dag)
+    # With BPE-dropout (shard.bpe_dropout) the shards no longer follow from data + tokenizer
+    record["shards_hash"] = outs_hash(project, dag, SHARD) or None
     if record["tokenizer_sha256"] is None:  # fall back to DVC's hash of the tokenizer outputs
         toks = locked_outs(project).get(TOKENIZER, {})
         record["tokenizer_sha256"] = ",".join(f"{p}={h}" for p, h in sorted(toks.items())) or None

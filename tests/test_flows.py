@@ -25,7 +25,8 @@ from prefect_fixtures import (
     sh,
 )
 
-from flows.dag import generations, locked_outs, read_dag
+from flows.dag import Stage, generations, locked_outs, read_dag
+from flows.lineage import lineage
 from flows.retrain import gate
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
@@ -324,3 +325,19 @@ def test_killed_worker_then_rerun(project, prefect_server: dict, controls: dict)
     result = pipeline(preset="demo", overrides=overrides, project=str(toy))
     assert result["stages"]["train"] == "ran" and dvc_json(toy, "status") == {}
     assert (toy / "data/checkpoints/step_00000030.pt").exists()
+
+
+def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
+    """With BPE-dropout the shards do not follow from data + tokenizer: their hash is kept too."""
+    lock = {"download": ("data/raw", "a1.dir"), "shard": ("data/shards", "b2.dir")}
+    dag, stages = {}, {}
+    for name, (out, md5) in lock.items():
+        metric = f"data/metrics/{name}.json"
+        dag[name] = Stage(name, (), (out, metric), (metric,), (), (metric,))
+        outs = [{"path": out, "md5": md5}, {"path": metric, "md5": "0" * 32}]
+        stages[name] = {"cmd": "true", "outs": outs}
+    (tmp_path / "dvc.lock").write_text(json.dumps({"schema": "2.0", "stages": stages}))
+    record = lineage(tmp_path, dag)
+    assert record["data_hash"] == "data/raw=a1.dir"
+    assert record["shards_hash"] == "data/shards=b2.dir"  # the metrics file is not an output
+    assert lineage(tmp_path, {"download": dag["download"]})["shards_hash"] is None
