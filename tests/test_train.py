@@ -206,9 +206,10 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     from transformer.config import ModelConfig, TrainConfig
     from transformer.train import find_resume
 
-    def meta(**train):
+    def meta(shards=("s1",), **train):
         return {"model_config": asdict(ModelConfig()), "vocab_size": 300, "world_size": 1,
-                "tokenizer_sha256": "abc", "train_config": asdict(TrainConfig(**train))}
+                "tokenizer_sha256": "abc", "train_config": asdict(TrainConfig(**train)),
+                "train_shards": list(shards)}
 
     checkpoint.save(checkpoint.step_path(tmp_path, 20),
                     {**meta(max_steps=20), "model": {}, "step": 20, "optimizer": {}})
@@ -220,3 +221,5 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     assert path is None and "lr_scale" in why
     path, why = find_resume(tmp_path, meta(max_steps=40, lr_decay="linear"))
     assert path is None and "lr_decay" in why
+    path, why = find_resume(tmp_path, meta(("s2",), max_steps=40))  # other pairs, same tokenizer
+    assert path is None and "train_shards differs" in why

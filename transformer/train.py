@@ -4,7 +4,7 @@
     python -m transformer.train SHARDS TOKENIZER CKPT_DIR --live data/live --resume
 
 Settings come from params.yaml (`model`, `train`). Only rank 0 logs and writes checkpoints.
-With --resume, a CKPT_DIR holding checkpoints of the same model/tokenizer/batching continues
+With --resume, a CKPT_DIR holding checkpoints of the same model/tokenizer/shards/batching continues
 from the newest one (weights, Adam, schedule, RNG, data position), so a killed run picks up
 where it was and ends with the same weights as an uninterrupted one (CPU, same process count).
 """
@@ -221,8 +221,11 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     vocab, sha = load_tokenizer(tokenizer_dir).get_vocab_size(), tokenizer_sha256(tokenizer_dir)
     train_set = load_split(shards_dir, "train", sha)
     valid_set = load_split(shards_dir, "valid", sha)
+    # The train shards' sha256s: with the same tokenizer they still change with shard.max_len or
+    # a re-run of BPE-dropout, and a resume on other pairs is not the run params.yaml describes.
     meta = {"model_config": dataclasses.asdict(mcfg), "vocab_size": vocab, "world_size": world,
-            "tokenizer_sha256": sha, "train_config": dataclasses.asdict(tcfg)}
+            "tokenizer_sha256": sha, "train_config": dataclasses.asdict(tcfg),
+            "train_shards": [s["sha256"] for s in train_set.index["shards"]]}
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, train_set, valid_set)).to(device)
