@@ -118,7 +118,7 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
         if have != want:
             keys = sorted(k for k in want if have.get(k) != want[k]) if (
                 isinstance(have, dict) and isinstance(want, dict)) else []
-            return None, f"{paths[-1]}: {key} differs {keys or ''}"
+            return None, f"{paths[-1]}: {key} differs" + (f" {keys}" if keys else "")
     max_steps = meta["train_config"]["max_steps"]
     if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
         return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
