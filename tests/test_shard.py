@@ -24,6 +24,17 @@ def _write(raw: Path, split: str, pairs: list[tuple[str, str]]) -> None:
         (raw / f"{split}.{lang}").write_text(text, encoding="utf-8")
 
 
+def _shard_with(root: Path, tok_dir: Path, out: Path, params: str) -> dict:
+    """Run the stage on root/raw into out/shards with `params` as params.yaml; returns metrics."""
+    out.mkdir(exist_ok=True)
+    (out / "params.yaml").write_text(params)
+    S.main(
+        [str(root / "raw"), str(tok_dir), str(out / "shards")]
+        + ["--params", str(out / "params.yaml"), "--metrics", str(out / "shard.json")]
+    )
+    return json.loads((out / "shard.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     """raw/ (demo pairs plus some too long), a BPE tokenizer, and the shard stage's output."""
@@ -38,21 +49,8 @@ def stage(tmp_path_factory):
     files = [raw / "train.en", raw / "train.de"]
     tok = T.train_tokenizer(files, TokenizerConfig(vocab_size=500, min_frequency=1))
     T.save_tokenizer(tok, root / "tok", {"type": "bpe", "src_lang": "en", "tgt_lang": "de"})
-    params = root / "params.yaml"
-    params.write_text(f"shard: {{max_len: {MAX_LEN}, shard_pairs: {SHARD_PAIRS}}}\n")
-    S.main(
-        [
-            str(raw),
-            str(root / "tok"),
-            str(root / "shards"),
-            "--params",
-            str(params),
-            "--metrics",
-            str(root / "shard.json"),
-        ]
-    )
-    metrics = json.loads((root / "shard.json").read_text())
-    return root, data, tok, metrics
+    params = f"shard: {{max_len: {MAX_LEN}, shard_pairs: {SHARD_PAIRS}}}\n"
+    return root, data, tok, _shard_with(root, root / "tok", root, params)
 
 
 def test_kept_pairs_are_exactly_the_short_ones(stage):
@@ -168,17 +166,6 @@ def test_pass_two_in_small_pieces_writes_the_same_shards(stage, tmp_path, monkey
     for meta in index["shards"]:
         want = (root / "shards" / "train" / meta["file"]).read_bytes()
         assert (tmp_path / meta["file"]).read_bytes() == want
-
-
-def _shard_with(root: Path, tok_dir: Path, out: Path, params: str) -> dict:
-    """Run the stage on the fixture's raw/ with `params` as params.yaml; returns its metrics."""
-    out.mkdir(exist_ok=True)
-    (out / "params.yaml").write_text(params)
-    S.main(
-        [str(root / "raw"), str(tok_dir), str(out / "shards")]
-        + ["--params", str(out / "params.yaml"), "--metrics", str(out / "shard.json")]
-    )
-    return json.loads((out / "shard.json").read_text())
 
 
 def test_bpe_dropout_copies_resegment_train_and_nothing_else(stage, tmp_path):

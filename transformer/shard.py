@@ -252,7 +252,7 @@ def shard(
                 continue
             use, copies = tok, 1
             if split == "train" and cfg.bpe_dropout:
-                use, copies = _with_dropout(tok_dir, cfg.bpe_dropout, langs), cfg.train_copies
+                use, copies = _with_dropout(tok_dir, cfg.bpe_dropout), cfg.train_copies
             metrics[split] = shard_split(use, src, tgt, tmp / split, cfg, sha, copies=copies)
     seconds = time.perf_counter() - t0
     metrics["seconds"] = round(seconds, 2)
@@ -262,9 +262,9 @@ def shard(
     return metrics
 
 
-def _with_dropout(tok_dir: Path, p: float, langs: tuple[str, str]) -> Tokenizer:
-    """A second copy of the tokenizer that skips each BPE merge with probability p."""
-    tok = load_tokenizer(tok_dir, expect={"src_lang": langs[0], "tgt_lang": langs[1]})
+def _with_dropout(tok_dir: Path, p: float) -> Tokenizer:
+    """A second copy of the (already checked) tokenizer that skips each merge with probability p."""
+    tok = load_tokenizer(tok_dir)
     if not isinstance(tok.model, models.BPE):
         raise ConfigError(
             f"shard.bpe_dropout is {p}, but {tok_dir} is a {type(tok.model).__name__} "
