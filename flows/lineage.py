@@ -70,7 +70,8 @@ def git_revision(project: Path) -> str:
     """HEAD's commit, with "+dirty" when tracked files differ from it."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True).stdout
+        return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True,
+                              check=False).stdout  # outside a git repo: ""
 
     rev = git("rev-parse", "HEAD").strip() or "no commit"
     return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")

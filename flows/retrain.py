@@ -8,7 +8,7 @@ file, replaced atomically: the experiment, its commit, BLEU, signature and input
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,7 @@ def retrain(
                     champion_path,
                     {
                         **{k: v for k, v in candidate.items() if k != "stages"},
-                        "promoted_at": datetime.now(timezone.utc).isoformat(),
+                        "promoted_at": datetime.now(UTC).isoformat(),
                         "promoted_by": f"retrain flow run {flow_run.get_id()}",
                         "reason": reason,
                     },

@@ -143,7 +143,7 @@ def free_port() -> int:
 
 
 def sh(*cmd: str, cwd: Path, env: dict | None = None, check: bool = True) -> str:
-    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if check and r.returncode:
         raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
     return r.stdout + r.stderr
@@ -195,38 +195,37 @@ def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "1",
     }
     env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        for _ in range(1200):
-            assert proc.poll() is None, (home / "server.log").read_text()
-            with contextlib.suppress(OSError):
-                if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
-                    break
-            time.sleep(0.1)
-        client_env = {
-            **env,
-            "PREFECT_API_URL": url,
-            "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-            "PREFECT_LOGGING_LEVEL": "INFO",
-        }
-        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_HOME: str(home)}):
-            yield client_env
-    finally:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
+    with open(home / "server.log", "w") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            for _ in range(1200):
+                assert proc.poll() is None, (home / "server.log").read_text()
+                with contextlib.suppress(OSError):
+                    if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                        break
+                time.sleep(0.1)
+            client_env = {
+                **env,
+                "PREFECT_API_URL": url,
+                "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+                "PREFECT_LOGGING_LEVEL": "INFO",
+            }
+            with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_HOME: str(home)}):
+                yield client_env
+        finally:
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
 
-        # send this process's pending logs and events while the server is still up
-        APILogWorker.drain_all(timeout=15)
-        EventsWorker.drain_all(timeout=15)
-        stop(proc)
-        log.close()
+            # send this process's pending logs and events while the server is still up
+            APILogWorker.drain_all(timeout=15)
+            EventsWorker.drain_all(timeout=15)
+            stop(proc)
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -273,7 +272,9 @@ def deployment_run(
 ) -> subprocess.CompletedProcess:
     """`prefect deployment run NAME [--watch] ARGS` as a user types it."""
     cmd = [str(BIN / "prefect"), "deployment", "run", name, *(["--watch"] if watch else []), *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def run_id(cli_output: str) -> str:
@@ -287,7 +288,7 @@ def run_id(cli_output: str) -> str:
 def dvc_json(project: Path, *args: str):
     """`dvc ARGS --json`, parsed."""
     cmd = [sys.executable, "-m", "dvc", *args, "--json"]
-    r = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=project, capture_output=True, text=True, check=False)
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     return json.loads(r.stdout)
 

@@ -261,7 +261,8 @@ def test_retrain_schedule_limit_and_gate(project, prefect_server: dict, controls
     finally:
         hold.unlink()
     for run in (first.id, second):
-        wait_until(f"run {run} to finish", lambda: flow_run(run).state.type.value in TERMINAL)
+        wait_until(f"run {run} to finish",
+                   lambda run=run: flow_run(run).state.type.value in TERMINAL)
     a, b = flow_run(first.id), flow_run(second)
     assert a.state.is_completed() and b.state.is_completed()
     assert b.start_time >= a.end_time  # never both at once

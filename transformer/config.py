@@ -163,11 +163,11 @@ class ModelConfig:
                               f"got {self.output_vocab!r}")
 
     @classmethod
-    def preset(cls, name: str) -> "ModelConfig":
+    def preset(cls, name: str) -> ModelConfig:
         """The paper's Table 3 shapes: `base` and `big`."""
         shapes = {
-            "base": dict(d_model=512, d_ff=2048, n_heads=8, n_layers=6, dropout=0.1),
-            "big": dict(d_model=1024, d_ff=4096, n_heads=16, n_layers=6, dropout=0.3),
+            "base": {"d_model": 512, "d_ff": 2048, "n_heads": 8, "n_layers": 6, "dropout": 0.1},
+            "big": {"d_model": 1024, "d_ff": 4096, "n_heads": 16, "n_layers": 6, "dropout": 0.3},
         }
         if name not in shapes:
             raise ConfigError(f"no model preset {name!r} (available: {', '.join(shapes)})")
