@@ -20,6 +20,7 @@ input shapes apart).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ from types import SimpleNamespace
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config, dist
@@ -104,21 +106,22 @@ class RecordMatmuls(TorchDispatchMode):
         return calls
 
 
-def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
+def replay(steps: list[list[tuple]], reps: int = 3,
+           progress: bool = False) -> tuple[float, int]:
     """The recorded matmuls alone, on random tensors of the same shapes and strides, one step's
     worth at a time (in their order, so that memory stays at one step's operands):
-    (the sum over steps of the median seconds for a step's matmuls, their FLOPs)."""
+    (the sum over steps of the median seconds for a step's matmuls, their FLOPs). Each step's
+    matmuls run 1 + `reps` times: on a 2-core fp32 host, ~4x the timed steps' own time."""
     def make(m):
         if not isinstance(m, tuple):
             return m
         shape, stride, dtype = m
-        return torch.empty_strided(shape, stride, dtype=dtype).normal_()
+        return torch.empty_strided(shape, stride, dtype=dtype).uniform_()  # 1.6x normal_'s speed
     seconds, flops = 0.0, 0
-    for calls in steps:
+    for calls in tqdm(steps, desc="replaying the matmuls", unit="step", disable=not progress):
         prepared = [(f, [make(m) for m in meta], kw) for f, meta, kw in calls]
-        with FlopCounterMode(display=False) as fc:  # also warms caches and oneDNN's kernels
-            for f, a, kw in prepared:
-                f(*a, **kw)
+        for f, a, kw in prepared:  # warms caches and oneDNN's kernels
+            f(*a, **kw)
         times = []
         for _ in range(reps):
             t = time.perf_counter()
@@ -126,8 +129,15 @@ def replay(steps: list[list[tuple]], reps: int = 5) -> tuple[float, int]:
                 f(*a, **kw)
             times.append(time.perf_counter() - t)
         seconds += statistics.median(times)
-        flops += fc.get_total_flops()
+        flops += sum(matmul_flops(meta) for _, meta, _ in calls)
     return seconds, flops
+
+
+def matmul_flops(meta: list) -> int:
+    """A recorded matmul's FLOPs as FlopCounterMode counts them: 2·M·K·N, times the batch for
+    bmm/baddbmm (counted from the shapes: the counter's dispatch costs ~2 ms a call here)."""
+    a, b = [m[0] for m in meta if isinstance(m, tuple)][-2:]  # addmm/baddbmm: (input, a, b)
+    return 2 * math.prod(a) * b[-1]
 
 
 def top_ops(step, batches, n: int,
@@ -153,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     add_run_args(ap)
     ap.add_argument("--steps", type=int, default=40, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=8, help="untimed steps first (compile, caches)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="timed repetitions of each step's matmuls in the replay (the median)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile the timed steps and print the N ops with the most self "
                          "CPU time (default: no profile)")
@@ -172,26 +184,27 @@ def main(argv: list[str] | None = None) -> None:
     for b in timed:
         run.step(b)
     seconds = time.perf_counter() - t
-
-    steps = []
-    with FlopCounterMode(display=False) as fc, RecordMatmuls() as rec:  # one pass for both
-        count = step_fn(run.model, None, tcfg.label_smoothing, run.dtype)
-        for b in timed:
-            count(b)
-            steps.append(rec.cut())
-    run.model.zero_grad(set_to_none=True)
-    flops = fc.get_total_flops()
     tgt = sum(int(b.tgt_out.ne(PAD_ID).sum()) for b in timed)
-    src = sum(int(b.src.ne(PAD_ID).sum()) for b in timed)
-    src_pos = sum(b.src.numel() for b in timed)
-    tgt_pos = sum(b.tgt_out.numel() for b in timed)
-    achieved = flops / seconds / 1e9
-    gemm_s, gemm_flops = replay(steps)
+    # printed first: the counting and the replay below take ~5x as long as the timed steps
     print(f"params {args.params}: d_model {mcfg.d_model}, d_ff {mcfg.d_ff}, {mcfg.n_layers}+"
           f"{mcfg.n_layers} layers, vocab {run.vocab}, max_tokens {tcfg.max_tokens}, threads "
           f"{torch.get_num_threads()}, output_vocab {mcfg.output_vocab}, {run.precision}")
     print(f"training: {len(timed)} steps in {seconds:.1f} s = {len(timed) / seconds:.2f} steps/s,"
-          f" {tgt / seconds:,.0f} target tokens/s")
+          f" {tgt / seconds:,.0f} target tokens/s", flush=True)
+
+    steps = []
+    with FlopCounterMode(display=False) as fc, RecordMatmuls() as rec:  # one pass for both
+        count = step_fn(run.model, None, tcfg.label_smoothing, run.dtype)
+        for b in tqdm(timed, desc="counting FLOPs and matmuls", unit="step"):
+            count(b)
+            steps.append(rec.cut())
+    run.model.zero_grad(set_to_none=True)
+    flops = fc.get_total_flops()
+    src = sum(int(b.src.ne(PAD_ID).sum()) for b in timed)
+    src_pos = sum(b.src.numel() for b in timed)
+    tgt_pos = sum(b.tgt_out.numel() for b in timed)
+    achieved = flops / seconds / 1e9
+    gemm_s, gemm_flops = replay(steps, args.reps, progress=True)
     print(f"executed: {flops / len(timed) / 1e9:.1f} GFLOP per step ({flops / tgt / 1e6:.1f} "
           f"MFLOP per target token) = {achieved:.1f} GFLOP/s")
     print(f"padding: {100 * (1 - src / src_pos):.1f}% of source positions, "
