@@ -46,6 +46,7 @@ multi30k: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show data/metrics/evaluate.json
 
 test: setup
+	$(BIN)/ruff check .
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
 
 test-fast: setup
