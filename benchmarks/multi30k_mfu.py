@@ -20,7 +20,6 @@ input shapes apart).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -129,15 +128,11 @@ def replay(steps: list[list[tuple]], reps: int = 3,
                 f(*a, **kw)
             times.append(time.perf_counter() - t)
         seconds += statistics.median(times)
-        flops += sum(matmul_flops(meta) for _, meta, _ in calls)
+        # FlopCounterMode's own formulas, on the recorded shapes: running the calls under the
+        # counter costs ~2 ms of dispatch a call here
+        flops += sum(flop_registry[f._overloadpacket](
+            *[m[0] if isinstance(m, tuple) else m for m in meta], **kw) for f, meta, kw in calls)
     return seconds, flops
-
-
-def matmul_flops(meta: list) -> int:
-    """A recorded matmul's FLOPs as FlopCounterMode counts them: 2·M·K·N, times the batch for
-    bmm/baddbmm (counted from the shapes: the counter's dispatch costs ~2 ms a call here)."""
-    a, b = [m[0] for m in meta if isinstance(m, tuple)][-2:]  # addmm/baddbmm: (input, a, b)
-    return 2 * math.prod(a) * b[-1]
 
 
 def top_ops(step, batches, n: int,
