@@ -157,11 +157,8 @@ def run(args: argparse.Namespace) -> dict:
                 not args.no_progress,
             )
             r = runs[tag]
-            print(
-                f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f} tokenized compound-split "
-                f"BLEU {r.get(TOK_BLEU, float('nan')):.2f}",
-                file=sys.stderr,
-            )
+            tok = f" tokenized compound-split BLEU {r[TOK_BLEU]:.2f}" if TOK_BLEU in r else ""
+            print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}{tok}", file=sys.stderr)
     # one run: a flat record (what dvc metrics show lists); several: one record per tag
     out = next(iter(runs.values())) if len(runs) == 1 else runs
     return {**out, "lineage": lineage(args.model, args.tokenizer)}
