@@ -8,13 +8,16 @@ same commands typed in a shell leave.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
 import subprocess
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 
@@ -74,11 +77,37 @@ def apply_params(project: Path, preset: str | None, overrides: list[str]) -> Non
     if overrides:
         from dvc.utils.hydra import apply_overrides  # the very code behind `dvc exp run -S`
 
+        for override in overrides:
+            check_override(override)
         apply_overrides(project / "params.yaml", list(overrides))
         logger().info("params.yaml: set %s", ", ".join(overrides))
     from transformer.config import load_all
 
     load_all(project / "params.yaml")  # a typo in an override fails here, before any stage
+
+
+def check_override(override: str) -> None:
+    """ConfigError naming an override's key when params.yaml's schema has no such key.
+
+    Hydra would refuse it too, but with a hint to add it (`+train.max_step=...`), which the
+    stages would then refuse as an unknown key.
+    """
+    from transformer.config import SECTIONS, ConfigError
+
+    key = override.split("=", 1)[0].lstrip("+~")
+    section, *path = key.split(".")
+    tp: Any = SECTIONS.get(section)
+    if tp is None:
+        raise ConfigError(f"override {override!r}: unknown section {section} "
+                          f"(valid: {', '.join(SECTIONS)})")
+    for i, name in enumerate(path):
+        if not dataclasses.is_dataclass(tp):  # download.splits: a mapping, any key
+            return
+        names = [f.name for f in dataclasses.fields(tp)]
+        if name not in names:
+            raise ConfigError(f"override {override!r}: unknown key "
+                              f"{'.'.join([section, *path[:i + 1]])} (valid keys: {', '.join(names)})")
+        tp = typing.get_type_hints(tp)[name]
 
 
 _held: set[Path] = set()

@@ -90,6 +90,15 @@ def test_vocabulary_mismatch_and_junk_files_are_named(tmp_path):
         average_checkpoints([a, junk])
 
 
+def test_a_checkpoint_with_nan_weights_is_named_not_averaged(tmp_path):
+    a, b = make_ckpt(tmp_path / "a.pt", 1, 1), make_ckpt(tmp_path / "b.pt", 2, 2)
+    ckpt = torch.load(b, weights_only=True)
+    ckpt["model"]["decoder.0.ff.w1.weight"][0, 0] = float("inf")
+    torch.save(ckpt, b)
+    with pytest.raises(AverageError, match=r"b\.pt: model\.decoder\.0\.ff\.w1\.weight holds NaN or inf"):
+        average_checkpoints([a, b])
+
+
 def test_select_by_steps_and_by_time(tmp_path):
     # saved every 4 minutes of training: 0, 240, ..., 2160 s
     for i in range(10):

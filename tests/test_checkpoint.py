@@ -49,6 +49,23 @@ def test_corrupt_file_names_the_file(tmp_path):
         checkpoint.load(junk)
 
 
+def flip_weight_bytes(path, weights: torch.Tensor) -> None:
+    """Overwrite the last 64 bytes of `weights`' data inside the saved file with 0xFF (a NaN)."""
+    blob = path.read_bytes()
+    at = blob.index(weights.flatten()[-16:].numpy().tobytes())  # torch stores tensors raw
+    path.write_bytes(blob[:at] + b"\xff" * 64 + blob[at + 64:])
+
+
+def test_flipped_weight_bytes_are_refused_naming_the_tensor(tmp_path):
+    _, ckpt = make_ckpt()
+    path = tmp_path / "model.pt"
+    checkpoint.save(path, ckpt)
+    flip_weight_bytes(path, ckpt["model"]["src_embed.weight"])
+    loaded = checkpoint.load(path)  # the zip and the pickle are intact: only a value is wrong
+    with pytest.raises(CheckpointError, match=r"model\.pt: model\.src_embed\.weight holds NaN"):
+        checkpoint.build_model(loaded, path)
+
+
 def test_not_a_checkpoint_and_unsafe_pickle(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save({"weights": torch.zeros(2)}, path)

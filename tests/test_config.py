@@ -55,6 +55,29 @@ def test_impossible_model_config(tmp_path):
         config.load_all(p)
 
 
+@pytest.mark.parametrize("section, key, value, message", [
+    ("average", "last_k", 0, r"average\.last_k must be >= 1, got 0"),
+    ("average", "by", "tim", r"average\.by must be one of steps, time, got 'tim'"),
+    ("decode", "beam_size", 0, r"decode\.beam_size must be >= 1"),
+    ("decode", "max_len_b", -100, r"decode\.max_len_b must be >= 0, got -100"),
+    ("decode", "precision", "fp16", r"decode\.precision must be one of fp32, bf16, int8"),
+    ("evaluate", "split", "tset", r"evaluate\.split must be one of train, valid, test"),
+    ("download", "source", "lcoal", r"download\.source must be one of synthetic, local"),
+    ("train", "keep_last", -3, r"train\.keep_last must be >= 0, got -3"),
+])
+def test_out_of_range_values_name_the_file_and_key(tmp_path, section, key, value, message):
+    p = write(tmp_path / "params.yaml", {section: {key: value}})
+    with pytest.raises(ConfigError, match=rf"params\.yaml: {message}"):
+        config.load_all(p)
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    p = tmp_path / "params.yaml"
+    p.write_text("train:\n  max_steps: 5\n  lr_scale: [1\n")
+    with pytest.raises(ConfigError, match=r"params\.yaml: not valid YAML: line 4, column 1"):
+        config.load_all(p)
+
+
 def test_missing_params_file(tmp_path):
     with pytest.raises(ConfigError, match="no such params file"):
         config.load_all(tmp_path / "nope.yaml")

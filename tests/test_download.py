@@ -69,7 +69,7 @@ def test_synthetic_de_en_swaps_sides(tmp_path):
 
 
 def test_unknown_source_lists_valid(tmp_path):
-    with pytest.raises(SystemExit, match="unknown download.source 'ftp'.*synthetic, local"):
+    with pytest.raises(SystemExit, match=r"params.yaml: download.source must be one of synthetic, local, wmt, hf, got 'ftp'"):
         run_cli(tmp_path, {"source": "ftp"})
 
 
@@ -124,8 +124,8 @@ def test_unknown_split_and_format_are_listed(tmp_path):
         download.download(DownloadConfig(source="local", splits=bad), tmp_path / "o")
 
 
-def test_tsv_jsonl_gz_formats(tmp_path):
-    write(tmp_path / "t.tsv", "a b\tx y\nno tab here\nc d\te f\n")
+def test_tsv_jsonl_gz_formats(tmp_path, caplog):
+    write(tmp_path / "t.tsv", "a b\tx y\nno tab here\nc d\te f\ng\th\textra\n")
     rows = [
         {"translation": {"en": "one", "de": "eins"}},
         {"translation": {"en": "two", "de": "zwei"}},
@@ -143,7 +143,9 @@ def test_tsv_jsonl_gz_formats(tmp_path):
     )
     out, m = run_cli(tmp_path, cfg)
     assert lines(out / "train.de") == ["x y", "e f"]
-    assert m["splits"]["train"]["dropped"]["malformed"] == 1
+    assert m["splits"]["train"]["dropped"]["malformed"] == 2  # no tab; a third column
+    for n, cols in ((2, 1), (4, 3)):
+        assert f"t.tsv: line {n}: {cols} tab-separated columns, not 2; dropped" in caplog.text
     assert (
         lines(out / "valid.de") == ["eins", "zwei"]
         and m["splits"]["valid"]["dropped"]["malformed"] == 1

@@ -28,6 +28,7 @@ from prefect_fixtures import (
 from flows.dag import Stage, generations, locked_outs, read_dag
 from flows.lineage import lineage
 from flows.retrain import gate
+from flows.shell import apply_params
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
@@ -138,6 +139,22 @@ def test_gate_both_ways() -> None:
     keep, why = gate({"bleu": 30.0, **sig, "test_sha256": "new"}, champ, 0.0)
     assert not keep and "test_sha256" in why
     assert gate({"bleu": None}, None, 0.0) == (True, "no champion yet")
+
+
+def test_overrides_are_applied_and_a_typo_is_named_before_hydra(tmp_path) -> None:
+    from transformer.config import ConfigError, load_all, write_preset
+
+    params = tmp_path / "params.yaml"
+    write_preset("demo", params)
+    apply_params(tmp_path, None, ["train.max_steps=7", "download.clean.max_words=9"])
+    loaded = load_all(params)
+    assert (loaded["train"].max_steps, loaded["download"].clean.max_words) == (7, 9)
+    before = params.read_text()
+    with pytest.raises(ConfigError, match=r"unknown key train\.max_step \(valid keys: .*max_steps"):
+        apply_params(tmp_path, None, ["train.max_step=100"])  # Hydra would say "+train.max_step"
+    with pytest.raises(ConfigError, match=r"unknown section trian"):
+        apply_params(tmp_path, None, ["trian.max_steps=1"])
+    assert params.read_text() == before
 
 
 def deployment_runs(name: str, state: str | None = None) -> list:

@@ -199,7 +199,7 @@ def test_bpe_dropout_copies_resegment_train_and_nothing_else(stage, tmp_path):
     "extra, error",
     [
         ("train_copies: 2", "shard.train_copies is 2 but shard.bpe_dropout is 0"),
-        ("bpe_dropout: 1.0", r"shard.bpe_dropout \(1.0\) must be in \[0, 1\)"),
+        ("bpe_dropout: 1.0", r"shard.bpe_dropout must be in \[0, 1\), got 1.0"),
     ],
 )
 def test_bad_bpe_dropout_settings_name_the_key(stage, tmp_path, extra, error):

@@ -39,7 +39,9 @@ def load_checkpoint(path: Path) -> dict:
     except FileNotFoundError:
         raise AverageError(f"{path}: no such checkpoint") from None
     except Exception as e:  # noqa: BLE001 (truncated, not weights-only, not a zip: torch varies)
-        raise AverageError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+        # not torch's text: it advises re-saving with options, or weights_only=False
+        raise AverageError(f"{path}: not a readable checkpoint (corrupt, truncated, or not a "
+                           f"torch checkpoint of plain tensors: {type(e).__name__})") from None
     need = ("model", "model_config", "vocab_size")  # tokenizer_sha256 is compared when present
     missing = [k for k in need if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
@@ -90,6 +92,9 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 if k in acc and not torch.equal(acc[k], v):
                     raise AverageError(f"{p}: integer tensor {k} differs from {paths[0].name}")
                 acc[k] = v.clone()
+            elif not torch.isfinite(v).all():  # a flipped byte loads fine: refuse, don't spread
+                raise AverageError(f"{p}: model.{k} holds NaN or inf (a corrupt file, or a run "
+                                   "that diverged)")
             elif k in acc:
                 acc[k].add_(v.float())  # fp32 accumulator, whatever the checkpoint dtype
             else:
@@ -122,7 +127,7 @@ def select_checkpoints(ckpt_dir: Path, cfg: AverageConfig) -> list[Path]:
         raise AverageError(f"{ckpt_dir}: no step_*.pt checkpoints")
     if cfg.by == "steps":
         chosen = paths[-cfg.last_k :]
-    elif cfg.by == "time":
+    else:  # "time"
         # §6.1 wrote checkpoints at 10-minute intervals: walk back from the newest, keeping one
         # only if it is at least interval_minutes of training older than the last one kept
         chosen, last_t = [], float("inf")
@@ -133,8 +138,6 @@ def select_checkpoints(ckpt_dir: Path, cfg: AverageConfig) -> list[Path]:
                 last_t = t
             if len(chosen) == cfg.last_k:
                 break
-    else:
-        raise ConfigError(f"average.by must be 'steps' or 'time', got {cfg.by!r}")
     if len(chosen) < cfg.last_k:
         print(
             f"warning: averaging {len(chosen)} checkpoints, fewer than average.last_k={cfg.last_k}",

@@ -96,6 +96,10 @@ def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path | str = "<
     if extra:
         raise CheckpointError(f"{path}: model.{extra[0]} is not in this model "
                               "(another architecture?)")
+    for k, v in state.items():  # a flipped byte in a weight loads fine and decodes to nothing
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise CheckpointError(f"{path}: model.{k} holds NaN or inf (a corrupt file, or a "
+                                  "run that diverged)")
     model.load_state_dict(state)
 
 

@@ -29,6 +29,23 @@ class ConfigError(ValueError):
     """A params.yaml problem, always naming the file and the dotted key."""
 
 
+def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{key} must be one of {', '.join(options)}, got {value!r}")
+
+
+def _at_least(section: str, obj: Any, low: float, *keys: str) -> None:
+    for k in keys:
+        if getattr(obj, k) < low:
+            raise ConfigError(f"{section}.{k} must be >= {low}, got {getattr(obj, k)}")
+
+
+def _fraction(section: str, obj: Any, *keys: str) -> None:
+    for k in keys:
+        if not 0.0 <= getattr(obj, k) < 1.0:
+            raise ConfigError(f"{section}.{k} must be in [0, 1), got {getattr(obj, k)}")
+
+
 # ----------------------------------------------------------------------------- download
 @dataclass
 class CleanConfig:
@@ -68,6 +85,9 @@ class SourceSpec:
     hf_split: str = ""  # hf: the dataset split (train / validation / test)
 
 
+SOURCES = ("synthetic", "local", "wmt", "hf")
+
+
 @dataclass
 class DownloadConfig:
     source: str = "synthetic"  # synthetic | local | wmt | hf
@@ -85,6 +105,10 @@ class DownloadConfig:
     retries: int = 5  # HTTP attempts after the first, with exponential backoff
     backoff: float = 2.0  # seconds before the first retry, doubled each time
     timeout: float = 60.0  # seconds without data before an HTTP attempt fails
+
+    def __post_init__(self) -> None:
+        _choice("download.source", self.source, SOURCES)
+        _at_least("download", self, 0, "retries", "backoff", "timeout")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -111,16 +135,9 @@ class ShardConfig:
     train_copies: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_len < 2 or self.shard_pairs < 1:
-            raise ConfigError(
-                f"shard.max_len ({self.max_len}) must be >= 2 and shard.shard_pairs "
-                f"({self.shard_pairs}) >= 1"
-            )
-        if not 0.0 <= self.bpe_dropout < 1.0 or self.train_copies < 1:
-            raise ConfigError(
-                f"shard.bpe_dropout ({self.bpe_dropout}) must be in [0, 1) and "
-                f"shard.train_copies ({self.train_copies}) >= 1"
-            )
+        _at_least("shard", self, 2, "max_len")
+        _at_least("shard", self, 1, "shard_pairs", "train_copies")
+        _fraction("shard", self, "bpe_dropout")
         if self.train_copies > 1 and not self.bpe_dropout:
             raise ConfigError(
                 f"shard.train_copies is {self.train_copies} but shard.bpe_dropout is 0: the "
@@ -152,15 +169,9 @@ class ModelConfig:
             )
         if self.d_model % 2:
             raise ConfigError(f"model.d_model ({self.d_model}) must be even (sin/cos pairs, §3.5)")
-        for k in ("d_model", "d_ff", "n_heads", "n_layers", "max_positions"):
-            if getattr(self, k) < 1:
-                raise ConfigError(f"model.{k} must be >= 1, got {getattr(self, k)}")
-        for k in ("dropout", "attention_dropout", "activation_dropout"):
-            if not 0.0 <= getattr(self, k) < 1.0:
-                raise ConfigError(f"model.{k} must be in [0, 1), got {getattr(self, k)}")
-        if self.output_vocab not in ("shared", "target"):
-            raise ConfigError(f"model.output_vocab must be shared or target, "
-                              f"got {self.output_vocab!r}")
+        _at_least("model", self, 1, "d_model", "d_ff", "n_heads", "n_layers", "max_positions")
+        _fraction("model", self, "dropout", "attention_dropout", "activation_dropout")
+        _choice("model.output_vocab", self.output_vocab, ("shared", "target"))
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:
@@ -200,18 +211,18 @@ class TrainConfig:
     fused_adam: bool = True  # one fused kernel for Adam (CPU and CUDA); False = foreach
 
     def __post_init__(self) -> None:
-        if self.precision not in ("fp32", "bf16", "fp16", "auto"):
-            raise ConfigError(
-                f"train.precision must be fp32, bf16, fp16 or auto, not {self.precision!r}")
-        if self.lr_decay not in ("none", "linear", "cosine"):
-            raise ConfigError(f"train.lr_decay must be none, linear or cosine: {self.lr_decay!r}")
-        for k in ("nproc", "max_tokens", "update_freq", "warmup_steps"):
-            if getattr(self, k) < 1:
-                raise ConfigError(f"train.{k} must be >= 1, got {getattr(self, k)}")
+        _choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
+        _choice("train.lr_decay", self.lr_decay, ("none", "linear", "cosine"))
+        _at_least("train", self, 1, "nproc", "max_tokens", "update_freq", "warmup_steps",
+                  "log_every_steps")
+        _at_least("train", self, 0, "max_steps", "time_budget_minutes", "clip_norm",
+                  "save_every_steps", "save_every_minutes", "keep_last", "valid_every_steps",
+                  "threads")
+        if self.lr_scale <= 0:
+            raise ConfigError(f"train.lr_scale must be > 0, got {self.lr_scale}")
         if self.max_steps < 1 and self.time_budget_minutes <= 0:
             raise ConfigError("train.max_steps must be >= 1 unless time_budget_minutes is set")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"train.label_smoothing must be in [0, 1): {self.label_smoothing}")
+        _fraction("train", self, "label_smoothing")
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
 
@@ -222,6 +233,11 @@ class AverageConfig:
     last_k: int = 5  # §6.1: 5 for base, 20 for big
     by: str = "steps"  # steps | time (pick checkpoints at least interval_minutes apart)
     interval_minutes: float = 10.0
+
+    def __post_init__(self) -> None:
+        _choice("average.by", self.by, ("steps", "time"))
+        _at_least("average", self, 1, "last_k")
+        _at_least("average", self, 0, "interval_minutes")
 
 
 # ----------------------------------------------------------------------------- decode
@@ -234,12 +250,23 @@ class DecodeConfig:
     batch_tokens: int = 4096  # source tokens per batch, padding included (x beam_size rows)
     precision: str = "fp32"  # fp32 | bf16 (autocast) | int8 (dynamic quantization of Linears)
 
+    def __post_init__(self) -> None:
+        _choice("decode.precision", self.precision, ("fp32", "bf16", "int8"))
+        _at_least("decode", self, 1, "beam_size", "batch_tokens")
+        _at_least("decode", self, 0, "length_penalty", "max_len_a", "max_len_b")
+        if self.max_len_a == 0 and self.max_len_b < 1:
+            raise ConfigError("decode.max_len_a and decode.max_len_b are both 0: no output "
+                              "could be longer than 0 tokens")
+
 
 # ----------------------------------------------------------------------------- evaluate
 @dataclass
 class EvaluateConfig:
     split: str = "test"
     tokenized_bleu: bool = True  # also the paper's tokenized, compound-split BLEU
+
+    def __post_init__(self) -> None:
+        _choice("evaluate.split", self.split, ("train", "valid", "test"))
 
 
 # ----------------------------------------------------------------------------- retrain
@@ -303,11 +330,21 @@ def _build(tp: Any, value: Any, key: str, src: str) -> Any:
     return value
 
 
+def read_yaml(path: Path) -> Any:
+    """`path` parsed, or a ConfigError naming the file, line and column of a syntax error."""
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"{path}: not valid YAML: {where}{getattr(e, 'problem', e)}") from None
+
+
 def read_params(path: Path = PARAMS) -> dict[str, Any]:
     """The raw params mapping, with unknown sections rejected."""
     if not path.exists():
         raise ConfigError(f"{path}: no such params file (run from the project root)")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections")
     unknown = [k for k in data if k not in SECTIONS]
@@ -344,7 +381,7 @@ def preset_params(name: str) -> dict[str, Any]:
     path = PRESETS / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"no preset {name!r} (available: {', '.join(presets())})")
-    over = yaml.safe_load(path.read_text()) or {}
+    over = read_yaml(path)
     defaults = {n: dataclasses.asdict(cls()) for n, cls in SECTIONS.items()}
     merged = merge(defaults, over)
     for name_, cls in SECTIONS.items():  # validate before anything is written
