@@ -1,5 +1,7 @@
 """Beam search: beam 1 is greedy, the cache changes nothing, input order, bad input, the CLI."""
 
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -202,6 +204,19 @@ def test_cli_translates_a_file(model_files, tmp_path):
     )
     lines = out.read_text().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_input_lines_end_at_newlines_only_and_bad_bytes_name_the_line(model_files, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes("one\u2028two\nthe\x0ccat\r\nA\x1cB\nC\x85D\nlast".encode())
+    assert decode.read_lines(src) == ["one\u2028two", "the\x0ccat", "A\x1cB", "C\x85D", "last"]
+    src.write_bytes(b"fine\nHello \xff\xfe world.\n")
+    with pytest.raises(DecodeError, match=r"in\.txt: line 2: not UTF-8"):
+        decode.read_lines(src)
+    cmd = [sys.executable, "-m", "transformer.decode", "--model", str(model_files[0]),
+           "--tokenizer", str(model_files[1]), "--beam-size", "1", "--no-progress"]
+    r = subprocess.run(cmd, input=b"ok\nbad \xff\n", capture_output=True, cwd=tmp_path, check=False)
+    assert r.returncode == 1 and b"error: <stdin>: line 2: not UTF-8" in r.stderr, r.stderr
 
 
 def test_cli_rejects_a_file_that_is_not_a_checkpoint(model_files, tmp_path):

@@ -324,6 +324,31 @@ def test_checksum_mismatch_removes_download(tmp_path, server):
     assert not (tmp_path / "raw").exists()
 
 
+def test_a_cached_download_is_checked_against_its_sha256(tmp_path, server):
+    import hashlib
+
+    run_cli(tmp_path, wmt_cfg(tmp_path, server.url))  # cached, no sha256 given
+    (cached,) = (tmp_path / "cache" / "downloads").iterdir()
+    cached.write_bytes(TGZ[:100])  # damaged in the cache since
+    _, m = run_cli(tmp_path, wmt_cfg(tmp_path, server.url, hashlib.sha256(TGZ).hexdigest()))
+    assert cached.read_bytes() == TGZ and m["splits"]["train"]["kept"] == 3000  # fetched again
+    with pytest.raises(SystemExit, match="nc.tgz: sha256 mismatch: expected 00+, got"):
+        run_cli(tmp_path, wmt_cfg(tmp_path, server.url, sha="0" * 64))
+
+
+def test_a_replaced_archive_of_the_same_name_is_extracted_afresh(tmp_path):
+    for lang in ("en", "de"):
+        write(tmp_path / f"dev.{lang}", f"dev {lang}\n")
+    dev = [{"path": str(tmp_path / "dev.{lang}")}]
+    cfg = local(tmp_path, train=[{"path": str(tmp_path / "c.tgz"), "src": "c.{lang}"}],
+                valid=dev, test=dev)
+    for word in ("alpha", "beta"):
+        write(tmp_path / "c.tgz", tarball({f"c.{lang}": "".join(
+            f"{word} {lang} {i}\n" for i in range(5)).encode() for lang in ("en", "de")}))
+        out, _ = run_cli(tmp_path, cfg)
+        assert lines(out / "train.en")[0] == f"{word} en 0"
+
+
 def test_http_404_is_not_retried(tmp_path, server):
     with pytest.raises(SourceError, match="missing.tgz: HTTP 404"):
         wmt.fetch(f"{server.url}/missing.tgz", tmp_path, retries=3, backoff=5.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,16 @@ def test_real_pipeline_through_deployment(prefect_server: dict, tmp_path: Path) 
     assert "missing" not in table, table  # every lineage key found in the real metrics files
     assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
     assert dvc_json(project, "status") == {}
+    # another machine: git clone + dvc pull is an up-to-date workspace, metrics and curves too
+    dvc = (sys.executable, "-m", "dvc")
+    sh(*dvc, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
+    sh("git", "add", "-A", cwd=project)
+    sh("git", "commit", "-qm", "the run", cwd=project)
+    sh(*dvc, "push", cwd=project)
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(project), str(clone), cwd=tmp_path)
+    sh(*dvc, "pull", cwd=clone)
+    assert dvc_json(clone, "status") == {}
+    bleu = json.loads((clone / "data/metrics/evaluate.json").read_text())["bleu"]
+    assert bleu == float(table["bleu"])
+    assert (clone / "data/live/plots/metrics/train/loss.tsv").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,19 @@ def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
     assert a["data"] == b["data"]
 
 
+def test_ctrl_c_names_the_checkpoint_to_resume_from(corpus, tmp_path):
+    params = write_params(tmp_path / "params.yaml", max_steps=100000, save_every_steps=5)
+    proc = run(corpus, tmp_path / "ck", params, wait=False)
+    first = checkpoint.step_path(tmp_path / "ck", 5)
+    while not first.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    newest = checkpoint.list_checkpoints(tmp_path / "ck")[-1]
+    assert f"interrupted; --resume continues from {newest}" in out and "Traceback" not in out
+
+
 def test_two_gloo_processes_match_one_process(corpus, tmp_path):
     ds = load_split(corpus / "shards", "train")
     # the same global batches: 2 ranks x 1 micro-batch == 1 process x 2 micro-batches
@@ -223,3 +237,30 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     assert path is None and "lr_decay" in why
     path, why = find_resume(tmp_path, meta(("s2",), max_steps=40))  # other pairs, same tokenizer
     assert path is None and "train_shards differs" in why
+    # a time budget: the same or a larger one continues; one below the minutes done does not
+    budget = meta(max_steps=0, time_budget_minutes=5.0)
+    checkpoint.save(checkpoint.step_path(tmp_path, 30),
+                    {**budget, "model": {}, "step": 30, "optimizer": {}, "train_seconds": 303.0})
+    assert find_resume(tmp_path, budget)[0] is not None
+    assert find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=10.0))[0] is not None
+    path, why = find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=2.0))
+    assert path is None and "5.0 minutes of training are past train.time_budget_minutes 2" in why
+
+
+def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(corpus, tmp_path):
+    params = write_params(tmp_path / "params.yaml", max_steps=0, time_budget_minutes=0.02,
+                          save_every_steps=0, valid_every_steps=0)
+    ckpt, live = tmp_path / "ckpt", tmp_path / "live"
+    run(corpus, ckpt, params, "--live", str(live), "--resume")
+    done = checkpoint.list_checkpoints(ckpt)
+    before = [(p.name, p.stat().st_mtime_ns) for p in done]
+    out = run(corpus, ckpt, params, "--live", str(live), "--resume")
+    assert f"resuming from {done[-1]}" in out
+    assert [(p.name, p.stat().st_mtime_ns) for p in checkpoint.list_checkpoints(ckpt)] == before
+    step = checkpoint.load(done[-1])["step"]
+    shutil.rmtree(live)  # a clone that pulled the checkpoints but not the curves
+    run(corpus, ckpt, params, "--live", str(live), "--resume")
+    assert [(p.name, p.stat().st_mtime_ns) for p in checkpoint.list_checkpoints(ckpt)] == before
+    metrics = json.loads((live / "metrics.json").read_text())
+    assert metrics["step"] == step and metrics["valid"]["nll"] > 0
+    assert (live / "plots" / "metrics" / "valid" / "nll.tsv").read_text().split()[2] == str(step)

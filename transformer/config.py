@@ -1,4 +1,4 @@
-"""params.yaml as typed dataclasses: one section per stage, unknown keys are errors.
+"""params.yaml as typed dataclasses: one section per stage; unknown keys, bad values are errors.
 
 `load(TrainConfig, "train")` reads one section. Defaults are the offline demo; a preset
 (presets/NAME.yaml) overrides some of them and `python -m transformer.config preset NAME`
@@ -73,7 +73,7 @@ class SourceSpec:
     """One corpus part: local file(s), a URL or an archive, or a Hugging Face split.
 
     `path` (and `src` / `tgt`) may hold "{lang}", replaced by each side's language. For an
-    archive (.tgz, .tar.gz, .tar, .gz) `src` / `tgt` name the members inside it.
+    archive (.tgz, .tar.gz, .tar, .tar.bz2, .tar.xz) `src` / `tgt` name the members inside it.
     """
 
     path: str = ""  # file, archive or http(s) URL; hf: the dataset path (default download.hf_path)

@@ -262,12 +262,23 @@ def load_translator(
 
 
 def read_lines(path: Path | None) -> list[str]:
-    if path is None:
-        return sys.stdin.read().splitlines()
+    """The newline-ended lines of `path` (stdin if None), one sentence each. Not str.splitlines:
+    it also ends lines at U+2028, form feeds, U+0085 ..., and the outputs would not line up."""
+    where = path or "<stdin>"
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DecodeError(f"{path}: cannot read ({e})") from None
+        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    except OSError as e:
+        raise DecodeError(f"{where}: cannot read ({e})") from None
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the last line's newline, or an empty input
+    out = []
+    for n, line in enumerate(lines, 1):
+        try:
+            out.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError:
+            raise DecodeError(f"{where}: line {n}: not UTF-8") from None
+    return out
 
 
 def write_lines(path: Path | None, lines: list[str]) -> None:

@@ -33,6 +33,7 @@ from transformer.decode import (
     add_decode_args,
     decode_config,
     load_translator,
+    read_lines,
     write_lines,
 )
 from transformer.files import atomic_write, sha256_file
@@ -96,7 +97,7 @@ def read_split(raw_dir: Path, split: str, lang: str) -> list[str]:
     path = Path(raw_dir) / f"{split}.{lang}"
     if not path.is_file():
         raise DecodeError(f"{path}: no such file (evaluate.split / --split {split!r}?)")
-    return path.read_text(encoding="utf-8").splitlines()
+    return read_lines(path)
 
 
 def evaluate_split(

@@ -124,7 +124,8 @@ def _locate(cfg: DownloadConfig, spec: SourceSpec) -> list[Path]:
         if not (spec.src or (two and spec.tgt)):
             raise SourceError(f"{spec.path}: an archive part needs src (and tgt) member names")
         archive = _fetch(cfg, spec.path, spec.sha256)
-        return wmt.extract(archive, names, Path(cfg.cache_dir) / "extracted" / archive.name)
+        return wmt.extract(archive, names,
+                           wmt.extraction_dir(archive, Path(cfg.cache_dir) / "extracted"))
     if not all(names):
         raise SourceError(f"a {spec.format} part needs path (or src and tgt): {spec}")
     if two and names[0] == names[1]:

@@ -122,6 +122,11 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     max_steps = meta["train_config"]["max_steps"]
     if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
         return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
+    budget, seconds = meta["train_config"]["time_budget_minutes"], ckpt.get("train_seconds", 0.0)
+    if 0 < 60 * budget < seconds and budget != (ckpt.get("train_config") or {}).get(
+            "time_budget_minutes"):  # a budget lowered below it: a fresh run stops sooner
+        return None, (f"{paths[-1]}: {seconds / 60:.1f} minutes of training are past "
+                      f"train.time_budget_minutes {budget:g}")
     if "optimizer" not in ckpt:
         return None, f"{paths[-1]}: not a training checkpoint (no optimizer state)"
     return paths[-1], ""
@@ -248,6 +253,8 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     ddp = dist.wrap(WithLoss(model), device)
     live = open_live(live_dir, step)
     max_steps = tcfg.max_steps if tcfg.max_steps > 0 else sys.maxsize
+    if 0 < 60 * tcfg.time_budget_minutes <= seconds:
+        max_steps = step  # resumed at this budget's last checkpoint: nothing left to train
     bar = tqdm(total=tcfg.max_steps or None, initial=step, disable=not (progress_bar and rank == 0),
                unit="step", dynamic_ncols=True)
     cpu = dist.CpuShare() if device.type == "cpu" and world == 1 else None
@@ -334,6 +341,15 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
         if final:
             break
     bar.close()
+    if not metrics:  # nothing trained: the run was already done
+        v = evaluate(model, valid_set, tcfg, device, autocast)  # every rank: it all-reduces
+        if live is not None and not any(Path(live_dir, "plots").rglob("*.tsv")):
+            # its curves are gone (a clone that pulled the checkpoints only): log where it
+            # stands, so that the stage's metrics and plots exist again
+            live.step = step
+            for k, x in v.items():
+                live.log_metric(f"valid/{k}", x)
+            live.next_step()
     if live is not None:
         live.end()
     return {"step": step, "train_seconds": seconds, **metrics}
@@ -359,6 +375,11 @@ def main(argv: list[str] | None = None) -> None:
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
     except (ConfigError, CheckpointError, NonFiniteLoss, DataError, TokenizerError, OSError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        last = checkpoint.list_checkpoints(args.ckpt_dir)
+        where = f"--resume continues from {last[-1]}" if last else "no checkpoint yet"
+        dist.print0(f"interrupted; {where}")
+        sys.exit(130)
     finally:
         dist.destroy()
 

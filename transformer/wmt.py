@@ -62,7 +62,11 @@ def fetch(
     # the URL's hash keeps same-named files from different hosts apart
     dest = cache / f"{hashlib.sha256(url.encode()).hexdigest()[:8]}-{name}"
     if dest.exists():
-        return dest
+        if not sha256 or sha256_file(dest) == sha256.lower():
+            return dest
+        log.warning("%s: the cached %s does not match sha256 %s; downloading it again",
+                    url, dest, sha256)
+        dest.unlink()
     part = dest.with_name(dest.name + ".part")
     cache.mkdir(parents=True, exist_ok=True)
     for attempt in range(retries + 1):
@@ -71,9 +75,10 @@ def fetch(
             break
         except _Transient as e:
             if attempt == retries:
+                kept = (f"{part} keeps what arrived and the next run resumes it"
+                        if part.exists() and part.stat().st_size else "nothing arrived")
                 raise SourceError(
-                    f"{url}: download failed after {retries + 1} attempts ({e}); "
-                    f"{part} keeps what arrived and the next run resumes it"
+                    f"{url}: download failed after {retries + 1} attempts ({e}); {kept}"
                 ) from None
             wait = backoff * 2**attempt
             log.warning("%s: %s; retrying in %.1f s (%d/%d)", url, e, wait, attempt + 1, retries)
@@ -126,6 +131,14 @@ def _get(url: str, part: Path, timeout: float) -> None:
                 raise _Transient(f"short body: {part.stat().st_size - have} of {size} bytes")
     except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
         raise _Transient(type(e).__name__) from None
+
+
+def extraction_dir(archive: Path, root: Path) -> Path:
+    """Where `archive`'s members go under `root`: a folder per archive file and version, so a
+    replaced or re-downloaded archive of the same name is extracted afresh, never mixed."""
+    st = archive.stat()
+    key = f"{archive.resolve()}\0{st.st_size}\0{st.st_mtime_ns}"
+    return root / f"{archive.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def extract(archive: Path, members: list[str], dest: Path) -> list[Path]:
