@@ -11,6 +11,12 @@ paper=on drops the attention/activation dropout the shared workload adds (the pa
 dropout only, §5.4).
 """
 
+import sys
+
+if __name__ == "__main__":  # a plug-in of the peers harness, not a script
+    print(__doc__)
+    sys.exit(0)
+
 import torch
 from common import BOS, fixed_length_beam_search
 
