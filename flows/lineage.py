@@ -90,14 +90,16 @@ def data_hash(project: Path, dag: dict[str, Stage]) -> str:
     return outs_hash(project, dag, DOWNLOAD)
 
 
-def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any]) -> str | None:
-    """The test set's identity: evaluate's own hash, else the manifest's sha256s of test files."""
+def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any], split: str = "test"
+                  ) -> str | None:
+    """The scored set's identity: evaluate's own hash, else the manifest's sha256s of the files
+    of `split` (the split evaluate scored: a valid score is never compared with a test one)."""
     if found := pick(eval_flat, FIELDS["test_sha256"][1]):
         return str(found)
     parts = sorted(
         f"{k}={v}"
         for k, v in manifest.items()
-        if k.endswith("sha256") and any(c.startswith("test") for c in k.split("/"))
+        if k.endswith("sha256") and any(c.startswith(split) for c in k.split("/"))
     )
     return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else None
 
@@ -106,7 +108,8 @@ def lineage(project: Path, dag: dict[str, Stage], **extra: Any) -> dict[str, Any
     """The run's record: every FIELDS value (None when missing), hashes, revision, `extra`."""
     metrics = {name: read_metrics(project, dag.get(name)) for name in (DOWNLOAD, EVALUATE)}
     record = {f: pick(metrics[stage], paths) for f, (stage, paths) in FIELDS.items()}
-    record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD])
+    record["split"] = str(pick(metrics[EVALUATE], ("split",)) or "test")
+    record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
     record["data_hash"] = data_hash(project, dag)
     # With BPE-dropout (shard.bpe_dropout) the shards no longer follow from data + tokenizer
     record["shards_hash"] = outs_hash(project, dag, SHARD) or None

@@ -28,11 +28,13 @@ def gate(
     candidate: dict[str, Any], champion: dict[str, Any] | None, margin: float
 ) -> tuple[bool, str]:
     """(promote?, why): only a comparable candidate with BLEU above champion + margin wins."""
-    if champion is None:
-        return True, "no champion yet"
     if candidate.get("bleu") is None:
-        return False, "the candidate has no BLEU score; champion kept"
-    for key in ("test_sha256", "bleu_signature"):
+        return False, "the candidate has no BLEU score; not promoted"
+    if champion is None or champion.get("bleu") is None:
+        return True, "no champion yet" if champion is None else "the champion has no BLEU score"
+    # champions recorded before `split` was: they were scored on evaluate.split's default
+    candidate, champion = ({"split": "test", **r} for r in (candidate, champion))
+    for key in ("split", "test_sha256", "bleu_signature"):
         if candidate.get(key) is None or candidate.get(key) != champion.get(key):
             return False, (
                 f"not comparable: {key} differs (champion {champion.get(key)!r}, "

@@ -138,7 +138,25 @@ def test_gate_both_ways() -> None:
     assert not keep and "bleu_signature" in why
     keep, why = gate({"bleu": 30.0, **sig, "test_sha256": "new"}, champ, 0.0)
     assert not keep and "test_sha256" in why
-    assert gate({"bleu": None}, None, 0.0) == (True, "no champion yet")
+    assert gate({"bleu": 1.0, **sig}, None, 0.0) == (True, "no champion yet")
+    keep, why = gate({"bleu": None, **sig}, None, 0.0)  # never a champion without a score
+    assert not keep and "no BLEU score" in why
+    assert gate({"bleu": 1.0, **sig}, {"bleu": None, **sig}, 0.0)[0]
+    keep, why = gate({"bleu": 30.0, **sig, "split": "valid"}, champ, 0.0)  # champ: test
+    assert not keep and "split differs" in why
+    assert gate({"bleu": 30.0, **sig, "split": "test"}, champ, 0.0)[0]
+
+
+def test_the_scored_split_is_what_lineage_hashes() -> None:
+    from flows.lineage import test_set_hash
+
+    manifest = {f"splits/{s}/files/{s}.{lang}/sha256": f"{s}-{lang}"
+                for s in ("train", "valid", "test") for lang in ("en", "de")}
+    hashes = {s: test_set_hash({}, manifest, s) for s in ("valid", "test")}
+    assert None not in hashes.values() and hashes["valid"] != hashes["test"]
+    assert test_set_hash({}, manifest) == hashes["test"]
+    manifest["splits/valid/files/valid.de/sha256"] = "changed"
+    assert test_set_hash({}, manifest, "valid") != hashes["valid"]
 
 
 def test_overrides_are_applied_and_a_typo_is_named_before_hydra(tmp_path) -> None:

@@ -65,6 +65,22 @@ def test_output_loss_matches_cross_entropy_and_grad(n, monkeypatch):
     torch.testing.assert_close(grads, ref_grads, rtol=1e-4, atol=1e-5)
 
 
+def test_output_loss_under_no_grad_does_only_the_forward_gemm():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)  # parameters: requires_grad
+    y = torch.randint(0, 50, (37,), generator=g)
+    flops = {}
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as fc:
+            loss, _ = output_loss(h, w, y, 0.1)
+        flops[grad] = fc.get_total_flops()
+        torch.testing.assert_close(loss.detach(), output_loss(h.detach(), w.detach(), y, 0.1)[0])
+    assert flops[False] == 2 * 37 * 16 * 50 and flops[True] == 3 * flops[False]  # (validation)
+
+
 def test_output_loss_under_bf16_autocast_keeps_fp32_grads():
     g = torch.Generator().manual_seed(0)
     h = torch.randn(37, 16, generator=g, requires_grad=True)

@@ -59,12 +59,13 @@ class _OutputCE(torch.autograd.Function):
     CHUNK_ELEMENTS = 1 << 22  # rows per chunk x V: 16 MB of fp32 logits (best of 64-2048 rows)
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, eps: float):
+    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, eps: float, grad_mode: bool):
         dev = h.device.type  # autocast (bf16/fp16) sets the GEMMs' dtype; reductions stay fp32
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
         with torch.autocast(dev, enabled=False):
             x_in, w = h.to(dtype), weight.to(dtype)
-            grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+            # needs_input_grad holds under torch.no_grad() too (validation): ask grad_mode
+            grads = grad_mode and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
             dh = torch.empty_like(h) if grads else None  # (N, D)
             dw = torch.zeros_like(weight, dtype=torch.float32) if grads else None  # (V, D)
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -95,7 +96,7 @@ class _OutputCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll: Tensor):
         dh, dw = ctx.saved_tensors
-        return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None
+        return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None
 
 
 def output_loss(h: Tensor, weight: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -104,4 +105,4 @@ def output_loss(h: Tensor, weight: Tensor, target: Tensor, eps: float) -> tuple[
     h (N, D) and target (N,) hold no padding; loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e.
     F.cross_entropy(h @ weight.T, target, label_smoothing=eps, reduction="sum").
     """
-    return _OutputCE.apply(h, weight, target, eps)
+    return _OutputCE.apply(h, weight, target, eps, torch.is_grad_enabled())
