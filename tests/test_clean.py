@@ -16,11 +16,12 @@ def test_normalize_steps():
     assert normalize("Cafe\u0301  x\x00", off) == "Cafe\u0301  x\x00"
 
 
-@pytest.mark.parametrize("brk", ["\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"])
+@pytest.mark.parametrize("brk", ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"])
 def test_line_breaks_never_survive(brk):
     off = CleanConfig(nfc=False, normalize_whitespace=False, remove_control=False)
     out = normalize(f"a{brk}b", off)
     assert len(out.splitlines()) == 1 and len(f"a{brk}b".splitlines()) == 2
+    assert normalize(f"a{brk}b", CleanConfig()) == "a b"  # a space, not glued words
 
 
 def test_pair_filter_reasons():

@@ -126,3 +126,39 @@ def test_sweep_variants_are_valid_params(tmp_path, load_benchmark):
     typo = config.merge(base, sweep.overrides_to_tree({"train.lr_scael": 1.0}))
     with pytest.raises(ConfigError, match="train.lr_scael"):
         config.load_all(write(tmp_path / "typo.yaml", typo))
+
+
+def test_every_stage_depends_on_the_modules_it_runs():
+    """dvc.yaml lists each stage's module and every transformer module it imports (config and
+    files aside: they read params and write files, and change no output), or an edit to, say,
+    the loss would leave `dvc repro` reporting train as up to date."""
+    import ast
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+
+    def imported(mod: str, seen: set[str]) -> set[str]:
+        seen.add(mod)
+        for node in ast.walk(ast.parse((root / "transformer" / f"{mod}.py").read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module == "transformer":
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer."):
+                names = [node.module.split(".")[1]]
+            for n in names:
+                if n not in seen and (root / "transformer" / f"{n}.py").exists():
+                    imported(n, seen)
+        return seen
+
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        module = re.search(r"-m transformer\.(\w+)", stage["cmd"]).group(1)
+        deps = {Path(d).stem for d in stage["deps"] if d.startswith("transformer/")}
+        missing = imported(module, set()) - deps - {"config", "files"}
+        assert not missing, f"dvc.yaml: stage {name} lacks deps transformer/{missing}"
+
+
+def test_an_empty_section_in_a_preset_means_the_defaults():
+    defaults = {"evaluate": {"split": "test", "tokenized_bleu": True}, "train": {"seed": 1}}
+    assert config.merge(defaults, {"evaluate": None, "train": {"seed": 2}}) == {
+        "evaluate": {"split": "test", "tokenized_bleu": True}, "train": {"seed": 2}}

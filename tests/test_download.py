@@ -153,6 +153,33 @@ def test_tsv_jsonl_gz_formats(tmp_path, caplog):
     assert lines(out / "test.de") == ["gz Zeile"]
 
 
+def test_jsonl_values_that_are_not_text_are_counted_not_fatal(tmp_path, caplog):
+    rows = ['{"translation": {"en": "Hello\\nworld", "de": "Hallo\\nWelt"}}',
+            '{"translation": {"en": "bad \\ud83d here", "de": "schlecht"}}',  # lone surrogate
+            '{"translation": {"en": 2014, "de": "zweitausendvierzehn"}}']
+    write(tmp_path / "t.jsonl", "\n".join(rows).encode() + b"\n" + b'{"translation": \xff}\n')
+    dev = [{"path": str(tmp_path / "dev.{lang}")}]
+    for lang in ("en", "de"):
+        write(tmp_path / f"dev.{lang}", f"dev {lang}\n")
+    out, m = run_cli(tmp_path, local(tmp_path, train=[{"path": str(tmp_path / "t.jsonl"),
+                                                        "format": "jsonl"}], valid=dev, test=dev))
+    assert lines(out / "train.en") == ["Hello world"] and lines(out / "train.de") == ["Hallo Welt"]
+    dropped = m["splits"]["train"]["dropped"]
+    assert (dropped["invalid_utf8"], dropped["malformed"]) == (2, 1)
+    assert caplog.text.count("line 4: invalid UTF-8") == 1  # logged once, not once a side
+    assert "line 3: a value that is not text, pair dropped" in caplog.text
+
+
+def test_an_archive_member_without_lang_is_refused(tmp_path):
+    write(tmp_path / "c.tgz", tarball({"c.en": b"hello world\n"}))
+    spec = [SourceSpec(path=str(tmp_path / "c.tgz"), src="c.en")]
+    cfg = DownloadConfig(source="local", splits={s: spec for s in download.SPLITS},
+                         cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(SourceError, match=r"c\.tgz: source and target are the same file; put "
+                                          r"\{lang\} in src"):
+        download.download(cfg, tmp_path / "o")
+
+
 def test_jsonl_unknown_pair_lists_languages(tmp_path):
     write(tmp_path / "v.jsonl", json.dumps({"translation": {"en": "a", "fr": "b"}}) + "\n")
     spec = [SourceSpec(path=str(tmp_path / "v.jsonl"), format="jsonl")]
@@ -486,3 +513,16 @@ def test_noisy_wmt_sample_and_newstest(tmp_path):
     assert t["dropped"]["ratio"] > 0 and t["read"] == t["kept"] + sum(t["dropped"].values())
     assert m["splits"]["test"]["kept"] == 3000  # test sets are kept whole
     assert all(s.strip() == s and "  " not in s for s in lines(out / "train.en"))
+
+
+def test_atomic_dir_leaves_one_folder_even_after_a_kill_between_renames(tmp_path):
+    from transformer.files import atomic_dir
+
+    stale = tmp_path / ".raw.old"  # what a kill between the two renames leaves, raw missing
+    stale.mkdir()
+    (stale / "train.en").write_text("old\n")
+    for text in ("new\n", "newer\n"):  # raw missing, then raw present
+        with atomic_dir(tmp_path / "raw") as d:
+            (d / "train.en").write_text(text)
+        assert [p.name for p in tmp_path.iterdir()] == ["raw"]
+        assert (tmp_path / "raw" / "train.en").read_text() == text

@@ -29,8 +29,9 @@ REASONS = (
     "eval_overlap",
 )
 # Characters that str.splitlines() or a reader in text mode treats as line ends: they would
-# break line alignment, so they always become spaces, whatever the config says.
-_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+# break line alignment, so they always become spaces, whatever the config says ("\n" itself
+# reaches here inside a JSONL or Hugging Face value).
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _BREAK_TABLE = {ord(c): " " for c in _BREAKS}
 # C0 and C1 controls and DEL, except tab (whitespace, handled by the whitespace step).
 _CONTROL_TABLE = {c: None for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c != 0x09}

@@ -368,6 +368,8 @@ def merge(base: dict, over: dict) -> dict:
     """`over` laid over `base`, nested mappings merged key by key (neither is modified)."""
     out = dict(base)
     for k, v in over.items():
+        if v is None and isinstance(out.get(k), dict):
+            continue  # an empty section (comments only): the defaults, as load() reads it
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 

@@ -41,11 +41,12 @@ class _Eval:
 
 
 def _decode(text: str | bytes, part: Part, line_no: int, bad: list[int]) -> str | None:
-    if isinstance(text, str):
-        return text
     try:
+        if isinstance(text, str):
+            text.encode("utf-8")  # a lone surrogate ("\ud83d" is valid JSON) is not text
+            return text
         return text.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as e:
+    except (UnicodeDecodeError, UnicodeEncodeError) as e:
         if len(bad) < MAX_LOGGED:
             log.warning(
                 "%s: line %d: invalid UTF-8 (%s), pair dropped", part.name, line_no, e.reason
@@ -64,10 +65,14 @@ def clean_part(
         part.open(), desc=f"{split}: {part.name}", unit=" pairs", mininterval=1.0, leave=False
     ):
         counts.read += 1
-        if raw_src is None or raw_tgt is None:  # the reader found no pair on this line
+        if not all(isinstance(x, (str, bytes)) for x in (raw_src, raw_tgt)):
+            if raw_src is not None and raw_tgt is not None:  # (None: the reader said why)
+                log.warning("%s: line %d: a value that is not text, pair dropped", part.name,
+                            line_no)
             counts.dropped["malformed"] += 1
             continue
-        src, tgt = _decode(raw_src, part, line_no, bad), _decode(raw_tgt, part, line_no, bad)
+        src = _decode(raw_src, part, line_no, bad)  # tgt only then: a line is logged once
+        tgt = _decode(raw_tgt, part, line_no, bad) if src is not None else None
         if src is None or tgt is None:
             counts.dropped["invalid_utf8"] += 1
             continue

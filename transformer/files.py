@@ -41,14 +41,12 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the final folder gets normal modes
     try:
         yield tmp
+        old = path.with_name(f".{path.name}.old")
+        _rmtree(old)  # a stale one too: a run killed between the two renames left it
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            _rmtree(old)
             path.rename(old)
-            tmp.rename(path)
-            _rmtree(old)
-        else:
-            tmp.rename(path)
+        tmp.rename(path)
+        _rmtree(old)
     finally:
         _rmtree(tmp)
 

@@ -120,16 +120,18 @@ def _locate(cfg: DownloadConfig, spec: SourceSpec) -> list[Path]:
         names = [src.format(lang=langs[0]), (spec.tgt or src).format(lang=langs[1])]
     else:
         names = [spec.src or spec.path]
-    if wmt.is_archive(spec.path):
-        if not (spec.src or (two and spec.tgt)):
-            raise SourceError(f"{spec.path}: an archive part needs src (and tgt) member names")
-        archive = _fetch(cfg, spec.path, spec.sha256)
-        return wmt.extract(archive, names,
-                           wmt.extraction_dir(archive, Path(cfg.cache_dir) / "extracted"))
+    archived = wmt.is_archive(spec.path)
+    if archived and not (spec.src or (two and spec.tgt)):
+        raise SourceError(f"{spec.path}: an archive part needs src (and tgt) member names")
     if not all(names):
         raise SourceError(f"a {spec.format} part needs path (or src and tgt): {spec}")
     if two and names[0] == names[1]:
-        raise SourceError(f"{spec.path}: source and target are the same file; put {{lang}} in it")
+        raise SourceError(f"{spec.path}: source and target are the same file; put {{lang}} in "
+                          f"{'src' if archived else 'it'}")
+    if archived:
+        archive = _fetch(cfg, spec.path, spec.sha256)
+        return wmt.extract(archive, names,
+                           wmt.extraction_dir(archive, Path(cfg.cache_dir) / "extracted"))
     single = spec.sha256 if len(set(names)) == 1 or not two else ""
     return [_fetch(cfg, n, single) for n in names]
 
