@@ -64,6 +64,7 @@ def test_impossible_model_config(tmp_path):
     ("evaluate", "split", "tset", r"evaluate\.split must be one of train, valid, test"),
     ("download", "source", "lcoal", r"download\.source must be one of synthetic, local"),
     ("train", "keep_last", -3, r"train\.keep_last must be >= 0, got -3"),
+    ("download", "timeout", 0, r"download\.timeout must be > 0 seconds, got 0"),
 ])
 def test_out_of_range_values_name_the_file_and_key(tmp_path, section, key, value, message):
     p = write(tmp_path / "params.yaml", {section: {key: value}})

@@ -219,6 +219,20 @@ def test_input_lines_end_at_newlines_only_and_bad_bytes_name_the_line(model_file
     assert r.returncode == 1 and b"error: <stdin>: line 2: not UTF-8" in r.stderr, r.stderr
 
 
+def test_bad_cli_overrides_name_the_flag(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(params=tmp_path / "none.yaml", beam_size=[4, 0],
+                              length_penalty=None, precision=None)
+    with pytest.raises(ConfigError, match="--beam-size must be >= 1, got 0"):
+        decode.decode_config(args)
+    args.beam_size, args.length_penalty = 4, -0.5
+    with pytest.raises(ConfigError, match="--length-penalty must be >= 0, got -0.5"):
+        decode.decode_config(args)
+    args.length_penalty = 1.0
+    assert decode.decode_config(args).length_penalty == 1.0
+
+
 def test_cli_rejects_a_file_that_is_not_a_checkpoint(model_files, tmp_path):
     bogus = tmp_path / "model.pt"
     bogus.write_text("hello")

@@ -125,7 +125,7 @@ def test_unknown_split_and_format_are_listed(tmp_path):
 
 
 def test_tsv_jsonl_gz_formats(tmp_path, caplog):
-    write(tmp_path / "t.tsv", "a b\tx y\nno tab here\nc d\te f\ng\th\textra\n")
+    write(tmp_path / "t.tsv", "a b\tx y\nno tab here\nc d\te f\ng\th\textra\n\n")
     rows = [
         {"translation": {"en": "one", "de": "eins"}},
         {"translation": {"en": "two", "de": "zwei"}},
@@ -144,6 +144,7 @@ def test_tsv_jsonl_gz_formats(tmp_path, caplog):
     out, m = run_cli(tmp_path, cfg)
     assert lines(out / "train.de") == ["x y", "e f"]
     assert m["splits"]["train"]["dropped"]["malformed"] == 2  # no tab; a third column
+    assert m["splits"]["train"]["dropped"]["empty"] == 1  # a blank line is an empty pair
     for n, cols in ((2, 1), (4, 3)):
         assert f"t.tsv: line {n}: {cols} tab-separated columns, not 2; dropped" in caplog.text
     assert (
@@ -156,7 +157,8 @@ def test_tsv_jsonl_gz_formats(tmp_path, caplog):
 def test_jsonl_values_that_are_not_text_are_counted_not_fatal(tmp_path, caplog):
     rows = ['{"translation": {"en": "Hello\\nworld", "de": "Hallo\\nWelt"}}',
             '{"translation": {"en": "bad \\ud83d here", "de": "schlecht"}}',  # lone surrogate
-            '{"translation": {"en": 2014, "de": "zweitausendvierzehn"}}']
+            '{"translation": {"en": 2014, "de": "zweitausendvierzehn"}}',
+            '{"translation": {"en": null, "de": "nichts"}}']
     write(tmp_path / "t.jsonl", "\n".join(rows).encode() + b"\n" + b'{"translation": \xff}\n')
     dev = [{"path": str(tmp_path / "dev.{lang}")}]
     for lang in ("en", "de"):
@@ -165,9 +167,10 @@ def test_jsonl_values_that_are_not_text_are_counted_not_fatal(tmp_path, caplog):
                                                         "format": "jsonl"}], valid=dev, test=dev))
     assert lines(out / "train.en") == ["Hello world"] and lines(out / "train.de") == ["Hallo Welt"]
     dropped = m["splits"]["train"]["dropped"]
-    assert (dropped["invalid_utf8"], dropped["malformed"]) == (2, 1)
-    assert caplog.text.count("line 4: invalid UTF-8") == 1  # logged once, not once a side
-    assert "line 3: a value that is not text, pair dropped" in caplog.text
+    assert (dropped["invalid_utf8"], dropped["malformed"]) == (2, 2)
+    assert caplog.text.count("line 5: invalid UTF-8") == 1  # logged once, not once a side
+    for n in (3, 4):  # a number, a null
+        assert f"line {n}: a value that is not text, pair dropped" in caplog.text
 
 
 def test_an_archive_member_without_lang_is_refused(tmp_path):

@@ -243,8 +243,10 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
                     {**budget, "model": {}, "step": 30, "optimizer": {}, "train_seconds": 303.0})
     assert find_resume(tmp_path, budget)[0] is not None
     assert find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=10.0))[0] is not None
+    # raised, if only to 5.01 minutes (below the 5.05 the run took): not lowered, continued
+    assert find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=5.01))[0] is not None
     path, why = find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=2.0))
-    assert path is None and "5.0 minutes of training are past train.time_budget_minutes 2" in why
+    assert path is None and "303 s of training are past the lowered train.time_budget_minutes 2" in why
 
 
 def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(corpus, tmp_path):

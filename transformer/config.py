@@ -108,7 +108,9 @@ class DownloadConfig:
 
     def __post_init__(self) -> None:
         _choice("download.source", self.source, SOURCES)
-        _at_least("download", self, 0, "retries", "backoff", "timeout")
+        _at_least("download", self, 0, "retries", "backoff")
+        if self.timeout <= 0:
+            raise ConfigError(f"download.timeout must be > 0 seconds, got {self.timeout}")
 
 
 # ----------------------------------------------------------------------------- tokenizer

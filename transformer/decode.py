@@ -313,13 +313,14 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     cfg = DecodeConfig()
     if args.params.exists():
         cfg = config.load(DecodeConfig, "decode", args.params)
-    beam = args.beam_size[0] if isinstance(args.beam_size, list) else args.beam_size
-    over = {"beam_size": beam, "length_penalty": args.length_penalty, "precision": args.precision}
-    cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
-    for k in args.beam_size if isinstance(args.beam_size, list) else [cfg.beam_size]:
-        if k < 1:
-            raise ConfigError(f"beam size must be >= 1, got {k}")
-    return cfg
+    beams = args.beam_size if isinstance(args.beam_size, list) else [args.beam_size]
+    if any(k is not None and k < 1 for k in beams):  # the flag named, not the params key
+        raise ConfigError(f"--beam-size must be >= 1, got {min(beams)}")
+    if args.length_penalty is not None and args.length_penalty < 0:
+        raise ConfigError(f"--length-penalty must be >= 0, got {args.length_penalty}")
+    over = {"beam_size": beams[0], "length_penalty": args.length_penalty,
+            "precision": args.precision}
+    return replace(cfg, **{k: v for k, v in over.items() if v is not None})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -66,7 +66,7 @@ def clean_part(
     ):
         counts.read += 1
         if not all(isinstance(x, (str, bytes)) for x in (raw_src, raw_tgt)):
-            if raw_src is not None and raw_tgt is not None:  # (None: the reader said why)
+            if raw_src is not None or raw_tgt is not None:  # (both None: the reader said why)
                 log.warning("%s: line %d: a value that is not text, pair dropped", part.name,
                             line_no)
             counts.dropped["malformed"] += 1

@@ -189,8 +189,8 @@ def _mismatch(files: list[Path], read: Callable[[Path], Iterator[bytes]]) -> Sou
 def _tsv(path: Path) -> Iterator[Record]:
     for n, line in enumerate(_lines(path), 1):
         cols = line.rstrip(b"\r\n").split(b"\t")
-        if len(cols) == 2:
-            yield n, cols[0], cols[1]
+        if len(cols) == 2 or not line.strip():  # a blank line: counted as an empty pair
+            yield n, cols[0], cols[-1]
         else:  # a missing or an extra column: which side is which cannot be known
             log.warning("%s: line %d: %d tab-separated columns, not 2; dropped", path, n, len(cols))
             yield n, None, None

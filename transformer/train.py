@@ -123,9 +123,11 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
         return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
     budget, seconds = meta["train_config"]["time_budget_minutes"], ckpt.get("train_seconds", 0.0)
-    if 0 < 60 * budget < seconds and budget != (ckpt.get("train_config") or {}).get(
-            "time_budget_minutes"):  # a budget lowered below it: a fresh run stops sooner
-        return None, (f"{paths[-1]}: {seconds / 60:.1f} minutes of training are past "
+    before = (ckpt.get("train_config") or {}).get("time_budget_minutes") or 0.0
+    if 0 < budget < (before or float("inf")) and 60 * budget < seconds:
+        # a budget lowered below the time trained: a fresh run would stop sooner. (A finished
+        # run's last checkpoint is always a little past its own budget: that is not lowered.)
+        return None, (f"{paths[-1]}: {seconds:.0f} s of training are past the lowered "
                       f"train.time_budget_minutes {budget:g}")
     if "optimizer" not in ckpt:
         return None, f"{paths[-1]}: not a training checkpoint (no optimizer state)"
