@@ -343,11 +343,13 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
         if final:
             break
     bar.close()
-    if not metrics:  # nothing trained: the run was already done
-        v = evaluate(model, valid_set, tcfg, device, autocast)  # every rank: it all-reduces
-        if live is not None and not any(Path(live_dir, "plots").rglob("*.tsv")):
-            # its curves are gone (a clone that pulled the checkpoints only): log where it
-            # stands, so that the stage's metrics and plots exist again
+    # nothing trained (the run was already done) and its curves gone (a clone that pulled the
+    # checkpoints only): log where it stands, so that the stage's metrics and plots exist again.
+    # Rank 0 decides: every rank must join evaluate's all-reduce, or none.
+    if not metrics and dist.broadcast_object(
+            live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))):
+        v = evaluate(model, valid_set, tcfg, device, autocast)
+        if live is not None:
             live.step = step
             for k, x in v.items():
                 live.log_metric(f"valid/{k}", x)
