@@ -88,8 +88,14 @@ def retrain(
                 "reason": f"training data unchanged since the champion ({data}); nothing retrained",
             }
         else:
+            # the preset and overrides again (applied above already: the same params.yaml), so
+            # that the candidate's lineage, and a promoted champion's, records them
             candidate = pipeline(
-                project=str(root), download_retries=download_retries, retry_delay_s=retry_delay_s
+                preset=preset,
+                overrides=list(overrides or []),
+                project=str(root),
+                download_retries=download_retries,
+                retry_delay_s=retry_delay_s,
             )
             promote, reason = gate(candidate, champion, cfg.margin)
             if promote:

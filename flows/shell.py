@@ -8,16 +8,13 @@ same commands typed in a shell leave.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import logging
 import os
 import subprocess
 import sys
-import typing
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 
@@ -92,22 +89,9 @@ def check_override(override: str) -> None:
     Hydra would refuse it too, but with a hint to add it (`+train.max_step=...`), which the
     stages would then refuse as an unknown key.
     """
-    from transformer.config import SECTIONS, ConfigError
+    from transformer.config import check_key
 
-    key = override.split("=", 1)[0].lstrip("+~")
-    section, *path = key.split(".")
-    tp: Any = SECTIONS.get(section)
-    if tp is None:
-        raise ConfigError(f"override {override!r}: unknown section {section} "
-                          f"(valid: {', '.join(SECTIONS)})")
-    for i, name in enumerate(path):
-        if not dataclasses.is_dataclass(tp):  # download.splits: a mapping, any key
-            return
-        names = [f.name for f in dataclasses.fields(tp)]
-        if name not in names:
-            raise ConfigError(f"override {override!r}: unknown key "
-                              f"{'.'.join([section, *path[:i + 1]])} (valid keys: {', '.join(names)})")
-        tp = typing.get_type_hints(tp)[name]
+    check_key(override.split("=", 1)[0].lstrip("+~"), f"override {override!r}")
 
 
 _held: set[Path] = set()

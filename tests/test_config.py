@@ -65,6 +65,8 @@ def test_impossible_model_config(tmp_path):
     ("download", "source", "lcoal", r"download\.source must be one of synthetic, local"),
     ("train", "keep_last", -3, r"train\.keep_last must be >= 0, got -3"),
     ("download", "timeout", 0, r"download\.timeout must be > 0 seconds, got 0"),
+    ("retrain", "margin", -1.0, r"retrain\.margin must be a number >= 0, got -1\.0"),
+    ("retrain", "margin", float("nan"), r"retrain\.margin must be a number >= 0, got nan"),
 ])
 def test_out_of_range_values_name_the_file_and_key(tmp_path, section, key, value, message):
     p = write(tmp_path / "params.yaml", {section: {key: value}})
@@ -131,8 +133,9 @@ def test_sweep_variants_are_valid_params(tmp_path, load_benchmark):
 
 def test_every_stage_depends_on_the_modules_it_runs():
     """dvc.yaml lists each stage's module and every transformer module it imports (config and
-    files aside: they read params and write files, and change no output), or an edit to, say,
-    the loss would leave `dvc repro` reporting train as up to date."""
+    files aside: they read params and write and hash files, and change no output but the
+    lines evaluate scores, so evaluate lists files.py), or an edit to, say, the loss would
+    leave `dvc repro` reporting train as up to date."""
     import ast
     import re
 

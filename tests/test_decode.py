@@ -1,5 +1,6 @@
 """Beam search: beam 1 is greedy, the cache changes nothing, input order, bad input, the CLI."""
 
+import copy
 import subprocess
 import sys
 from dataclasses import asdict
@@ -12,6 +13,7 @@ from transformer import checkpoint, decode
 from transformer.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
 from transformer.decode import DecodeError, Decoder, beam_search, load_translator, translate_ids
 from transformer.dist import native_bf16
+from transformer.incremental import Ensemble
 from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID, save_tokenizer, tokenizer_sha256, train_tokenizer
 
@@ -64,15 +66,17 @@ def sources() -> torch.Tensor:
     return copy_batch(torch.Generator().manual_seed(7), 16)[0]
 
 
-def naive_greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[list[int]]:
-    """Greedy decoding one sentence at a time, recomputing the whole prefix (no cache)."""
+def naive_greedy(model, src: torch.Tensor, max_len: int) -> list[list[int]]:
+    """Greedy decoding one sentence at a time, recomputing the whole prefix (no cache). `model`
+    may be a list of models: then each step takes the mean of their probabilities."""
+    models = model if isinstance(model, list) else [model]
     out = []
     with torch.no_grad():
         for row in src:
             s = row[row.ne(0)][None]  # (1, S) unpadded
             ys = torch.tensor([[1]])
             for _ in range(max_len):
-                lp = model(s, ys)[0, -1].log_softmax(-1)
+                lp = torch.stack([m(s, ys)[0, -1].softmax(-1) for m in models]).mean(0).log()
                 lp[[0, 1]] = float("-inf")  # PAD and BOS are never generated
                 nxt = int(lp.argmax())
                 if nxt == EOS_ID:
@@ -95,6 +99,25 @@ def test_cache_gives_the_same_output_as_recomputing(copy_model, sources, beam_si
     cached = beam_search(dec, sources, beam_size, 0.6, cap, use_cache=True)
     full = beam_search(dec, sources, beam_size, 0.6, cap, use_cache=False)
     assert cached == full
+
+
+def test_ensemble_takes_the_mean_probability(copy_model, sources):
+    other = copy.deepcopy(copy_model)
+    with torch.no_grad():  # a second model that disagrees with the first on some sentences
+        for p in other.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    cap = torch.full((len(sources),), 12)
+    got = beam_search(Ensemble([Decoder(copy_model), Decoder(other)]), sources, 1, max_len=cap)
+    assert got == naive_greedy([copy_model, other], sources, 12)
+    assert got != naive_greedy(copy_model, sources, 12)
+    assert got != naive_greedy(other, sources, 12)
+
+
+def test_an_ensemble_of_one_model_twice_is_that_model(copy_model, sources):
+    cap = torch.full((len(sources),), 12)
+    alone = beam_search(Decoder(copy_model), sources, 4, 0.6, cap)
+    twice = Ensemble([Decoder(copy_model), Decoder(copy_model)])
+    assert beam_search(twice, sources, 4, 0.6, cap) == alone
 
 
 def test_beam_search_finds_better_scores_than_greedy(copy_model, sources):
@@ -204,6 +227,25 @@ def test_cli_translates_a_file(model_files, tmp_path):
     )
     lines = out.read_text().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_cli_ensemble_of_a_model_with_itself_translates_as_the_model(model_files, tmp_path):
+    model, tok = model_files
+    src = tmp_path / "in.txt"
+    src.write_text("the cat sat\nwe read a book\ntwo cats and a dog\n")
+    outs = []
+    for extra in ([], ["--ensemble", str(model), str(model)]):
+        outs.append(tmp_path / f"out{len(extra)}.txt")
+        decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o",
+                     str(outs[-1]), "--beam-size", "2", "--no-progress", "--params",
+                     str(tmp_path / "none.yaml"), *extra])
+    assert outs[0].read_text() == outs[1].read_text() and outs[0].read_text().strip()
+    other = checkpoint.load(model)
+    other["vocab_size"] += 1
+    checkpoint.save(tmp_path / "wider.pt", other)
+    with pytest.raises(SystemExit, match=r"error: .*wider\.pt"):
+        decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src),
+                     "--ensemble", str(tmp_path / "wider.pt")])
 
 
 def test_input_lines_end_at_newlines_only_and_bad_bytes_name_the_line(model_files, tmp_path):

@@ -15,6 +15,7 @@ import yaml
 from transformer import average, checkpoint, evaluate
 from transformer.config import ModelConfig, TokenizerConfig
 from transformer.evaluate import TOK_BLEU, score, tokenize_compound_split
+from transformer.files import sha256_file
 from transformer.model import Transformer
 from transformer.tokenizer import save_tokenizer, tokenizer_sha256, train_tokenizer
 
@@ -188,3 +189,29 @@ def test_bad_inputs_are_named(stage_inputs, tmp_path):
         evaluate.main([str(d / "params.yaml"), *args])
     with pytest.raises(SystemExit, match=r"error: .*nosuch\.en: no such file"):
         evaluate.main([str(d / "model.pt"), *args, "--split", "nosuch"])
+
+
+def test_an_ensemble_is_scored_and_its_members_recorded(stage_inputs, tmp_path):
+    d, ck = stage_inputs, stage_inputs / "ckpts"
+    common = [str(d / "tokenizer"), str(d / "raw"), "--no-progress", "--params",
+              str(d / "params.yaml")]
+
+    def run(out: Path, *extra: str) -> dict:
+        evaluate.main([str(ck / "step_00000002.pt"), common[0], common[1], str(out),
+                       "--metrics", str(out / "m.json"), *common[2:], *extra])
+        return json.loads((out / "m.json").read_text())
+
+    alone = run(tmp_path / "alone")
+    both = run(tmp_path / "both", "--ensemble", str(ck / "step_00000001.pt"))
+    assert both["lineage"]["step"] == 2 and "ensemble" not in alone["lineage"]
+    assert [e["step"] for e in both["lineage"]["ensemble"]] == [1]
+    assert both["lineage"]["ensemble"][0]["model_sha256"] == sha256_file(ck / "step_00000001.pt")
+    hyps = [(tmp_path / w / "hyps.test.txt").read_text() for w in ("alone", "both")]
+    assert hyps[0] != hyps[1]  # the second model changed the translations
+
+    other = checkpoint.load(ck / "step_00000001.pt")
+    other["tokenizer_sha256"] = "0" * 64
+    checkpoint.save(tmp_path / "other.pt", other)
+    with pytest.raises(SystemExit, match=r"error: .*tokenizer sha256 \w+ is not the one "
+                       r".*other\.pt was trained with"):
+        run(tmp_path / "bad", "--ensemble", str(tmp_path / "other.pt"))

@@ -326,6 +326,7 @@ def test_retrain_schedule_limit_and_gate(project, prefect_server: dict, controls
     assert out["promoted"], out["reason"]
     new = json.loads(champion_file.read_text())
     assert new["bleu"] == bleu + 6 and new["data_hash"] != champion["data_hash"]
+    assert new["overrides"] == [f"train.max_steps={int(bleu * 10) + 60}", "retrain.margin=5"]
     assert (
         new["experiment_commit"]
         == sh("git", "rev-parse", new["experiment_commit"], cwd=toy).strip()

@@ -9,6 +9,7 @@ import pytest
 
 from transformer import tokenizer as T
 from transformer.config import SyntheticConfig, TokenizerConfig
+from transformer.files import read_lines
 from transformer.synthetic import generate
 
 LINES = [
@@ -119,7 +120,7 @@ def test_demo_corpus_roundtrips_exactly(tmp_path):
         files[-1].write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
     for kind in T.TYPES:
         tok = T.train_tokenizer(files, TokenizerConfig(type=kind, vocab_size=1000))
-        lines = {lang: T.read_lines(f) for lang, f in zip(("en", "de"), files)}
+        lines = {lang: read_lines(f) for lang, f in zip(("en", "de"), files)}
         for lang, s in T.stats(tok, lines).items():
             assert s["roundtrip_exact"] == 1.0 and s["unk_share"] == 0.0, (kind, lang)
 
@@ -128,10 +129,10 @@ def test_real_data_roundtrip(shared_data, tmp_path):
     """Issue 4: >= 99.9% exact on Multi30k train and newstest2013, both tokenizer types."""
     m30k = [shared_data / f"multi30k/train.{lang}" for lang in ("en", "de")]
     news = {
-        lang: T.read_lines(shared_data / f"newstest2013/newstest2013.{lang}")
+        lang: read_lines(shared_data / f"newstest2013/newstest2013.{lang}")
         for lang in ("en", "de")
     }
-    train = {f.name: T.read_lines(f) for f in m30k}
+    train = {f.name: read_lines(f) for f in m30k}
     # Trained on a fifth of Multi30k to keep the test fast; all of it is then decoded, and
     # newstest2013 is out of domain (unseen characters and words).
     files = [tmp_path / f.name for f in m30k]

@@ -108,11 +108,15 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     out = tmp_path / "ckpt"
     (out).mkdir()
     torch.save({"x": 1}, checkpoint.step_path(out, 99))  # a stale file of another run
+    (out / ".step_00000099.pt.k1ll3d.tmp").write_bytes(b"half")  # a process killed as it saved
     train.main([str(corpus / "shards"), str(corpus / "tok"), str(out), "--live",
                 str(tmp_path / "live"), "--params", str(params), "--no-progress"])
     names = [p.name for p in checkpoint.list_checkpoints(out)]
     assert names == ["step_00000004.pt", "step_00000006.pt"]  # keep_last 2, the stale one gone
+    assert sorted(p.name for p in out.iterdir()) == names  # and the half-written one
+    assert checkpoint.load(out / names[0])["final"] is False
     ckpt = checkpoint.load(out / names[-1])
+    assert ckpt["final"] is True
     assert ckpt["step"] == 6 and ckpt["train_seconds"] > 0
     assert {"optimizer", "rng", "data", "train_config", "scheduler"} <= set(ckpt)
     assert ckpt["model_config"]["d_model"] == 16 and ckpt["vocab_size"] == 300
@@ -229,6 +233,11 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
                     {**meta(max_steps=20), "model": {}, "step": 20, "optimizer": {}})
     assert find_resume(tmp_path, meta(max_steps=40))[0] is not None  # more steps: continue
     assert find_resume(tmp_path, meta(max_steps=40, log_every_steps=3))[0] is not None
+    # how often checkpoints are written and kept changes no weight: continue
+    saving = meta(max_steps=40, keep_last=9, save_every_steps=7, save_every_minutes=3.0)
+    assert find_resume(tmp_path, saving)[0] is not None
+    path, why = find_resume(tmp_path, {**meta(max_steps=40), "output_ids": [4, 5, 9]})
+    assert path is None and "output_ids differs" in why  # another softmax (valid changed)
     path, why = find_resume(tmp_path, meta(max_steps=10))  # fewer steps than already done
     assert path is None and "past train.max_steps" in why
     path, why = find_resume(tmp_path, meta(max_steps=40, lr_scale=2.0))  # another trajectory

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from transformer import config
+from transformer import checkpoint, config
+from transformer.checkpoint import CheckpointError
 from transformer.config import AverageConfig, ConfigError
 from transformer.files import atomic_write, sha256_file
 
@@ -31,21 +32,15 @@ class AverageError(ValueError):
     """A problem with the input checkpoints, naming the file."""
 
 
-def load_checkpoint(path: Path) -> dict:
-    """torch.load the checkpoint at `path` lazily (mmap), raising AverageError if it isn't ours."""
+def load_checkpoint(path: Path, finite: bool = False) -> dict:
+    """checkpoint.load, memory-mapped; `finite`: its weights checked for NaN and inf too.
+    AverageError names the file."""
     try:
-        # mmap: tensors are read from disk only when touched, so "optimizer" costs nothing
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise AverageError(f"{path}: no such checkpoint") from None
-    except Exception as e:  # noqa: BLE001 (truncated, not weights-only, not a zip: torch varies)
-        # not torch's text: it advises re-saving with options, or weights_only=False
-        raise AverageError(f"{path}: not a readable checkpoint (corrupt, truncated, or not a "
-                           f"torch checkpoint of plain tensors: {type(e).__name__})") from None
-    need = ("model", "model_config", "vocab_size")  # tokenizer_sha256 is compared when present
-    missing = [k for k in need if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise AverageError(f"{path}: not a transformer checkpoint (missing key {missing[0]!r})")
+        ckpt = checkpoint.load(path, mmap=True)
+        if finite:
+            checkpoint.check_finite(ckpt["model"], path)
+    except CheckpointError as e:
+        raise AverageError(str(e)) from None
     return ckpt
 
 
@@ -86,15 +81,12 @@ def average_checkpoints(paths: list[Path]) -> dict:
     acc: dict[str, torch.Tensor] = {}
     averaged = []
     for p in paths:
-        ckpt = load_checkpoint(p)
+        ckpt = load_checkpoint(p, finite=True)
         for k, v in ckpt["model"].items():
             if not v.is_floating_point():  # integer buffers can't be averaged: all must agree
                 if k in acc and not torch.equal(acc[k], v):
                     raise AverageError(f"{p}: integer tensor {k} differs from {paths[0].name}")
                 acc[k] = v.clone()
-            elif not torch.isfinite(v).all():  # a flipped byte loads fine: refuse, don't spread
-                raise AverageError(f"{p}: model.{k} holds NaN or inf (a corrupt file, or a run "
-                                   "that diverged)")
             elif k in acc:
                 acc[k].add_(v.float())  # fp32 accumulator, whatever the checkpoint dtype
             else:
@@ -102,7 +94,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
         averaged.append(
             {
                 "path": p.name,
-                "step": int(ckpt.get("step", -1)),
+                "step": int(ckpt["step"]),
                 "train_seconds": float(ckpt.get("train_seconds", 0.0)),
                 "sha256": sha256_file(p),
             }

@@ -1,7 +1,7 @@
 """Checkpoints: one dict per file, written atomically, read with torch.load(weights_only=True).
 
 Keys (architecture.md): model, model_config, vocab_size, tokenizer_sha256, step, train_seconds;
-training checkpoints add optimizer, rng, data, train_config.
+training checkpoints add optimizer, rng, data, train_config, train_shards, output_ids, final.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ def save(path: Path, ckpt: dict[str, Any]) -> None:
         torch.save(ckpt, f)
 
 
-def load(path: Path) -> dict[str, Any]:
-    """The checkpoint dict at `path`; CheckpointError if unreadable or not one of ours."""
+def load(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint dict at `path`; CheckpointError if unreadable or not one of ours.
+    `mmap`: tensors are read from disk only when touched (an optimizer state costs nothing)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001  (RuntimeError, UnpicklingError, EOFError, ...)
         # torch's own text for these suggests weights_only=False: never right for a stranger's file
         raise CheckpointError(f"{path}: not a readable checkpoint (corrupt, truncated, or not a "
@@ -96,11 +97,17 @@ def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path | str = "<
     if extra:
         raise CheckpointError(f"{path}: model.{extra[0]} is not in this model "
                               "(another architecture?)")
-    for k, v in state.items():  # a flipped byte in a weight loads fine and decodes to nothing
+    check_finite(state, path)
+    model.load_state_dict(state)
+
+
+def check_finite(state: dict[str, Any], path: Path | str = "<checkpoint>") -> None:
+    """CheckpointError naming the first weight that holds NaN or inf: a flipped byte loads
+    fine and decodes to nothing (and, averaged, spreads to every checkpoint's mean)."""
+    for k, v in state.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise CheckpointError(f"{path}: model.{k} holds NaN or inf (a corrupt file, or a "
                                   "run that diverged)")
-    model.load_state_dict(state)
 
 
 def check_compatible(ckpt: dict[str, Any], cfg: ModelConfig, vocab_size: int,

@@ -175,17 +175,6 @@ class ModelConfig:
         _fraction("model", self, "dropout", "attention_dropout", "activation_dropout")
         _choice("model.output_vocab", self.output_vocab, ("shared", "target"))
 
-    @classmethod
-    def preset(cls, name: str) -> ModelConfig:
-        """The paper's Table 3 shapes: `base` and `big`."""
-        shapes = {
-            "base": {"d_model": 512, "d_ff": 2048, "n_heads": 8, "n_layers": 6, "dropout": 0.1},
-            "big": {"d_model": 1024, "d_ff": 4096, "n_heads": 16, "n_layers": 6, "dropout": 0.3},
-        }
-        if name not in shapes:
-            raise ConfigError(f"no model preset {name!r} (available: {', '.join(shapes)})")
-        return cls(**shapes[name])
-
 
 # ----------------------------------------------------------------------------- train
 @dataclass
@@ -279,6 +268,10 @@ class RetrainConfig:
     margin: float = 0.0  # promote a candidate only if its BLEU beats the champion's by more
     champion: str = "models/champion.json"  # the champion pointer, tracked by git
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < float("inf"):  # NaN too: it would never promote
+            raise ConfigError(f"retrain.margin must be a number >= 0, got {self.margin}")
+
 
 SECTIONS: dict[str, type] = {
     "download": DownloadConfig,
@@ -300,12 +293,7 @@ def _build(tp: Any, value: Any, key: str, src: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{src}: {key} must be a mapping, got {value!r}")
         hints = typing.get_type_hints(tp)
-        names = [f.name for f in dataclasses.fields(tp)]
-        unknown = [k for k in value if k not in names]
-        if unknown:
-            raise ConfigError(
-                f"{src}: unknown key {key}.{unknown[0]} (valid keys: {', '.join(names)})"
-            )
+        _known_keys(tp, value, key, src)
         kwargs = {k: _build(hints[k], v, f"{key}.{k}", src) for k, v in value.items()}
         try:
             return tp(**kwargs)
@@ -349,10 +337,34 @@ def read_params(path: Path = PARAMS) -> dict[str, Any]:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections")
-    unknown = [k for k in data if k not in SECTIONS]
-    if unknown:
-        raise ConfigError(f"{path}: unknown section {unknown[0]} (valid: {', '.join(SECTIONS)})")
+    _known_sections(data, str(path))
     return data
+
+
+def check_key(dotted: str, src: str) -> None:
+    """ConfigError unless `section.key.subkey` is in the schema (under a mapping such as
+    download.splits any key is allowed): a key checked before it is written anywhere."""
+    section, *path = dotted.split(".")
+    _known_sections([section], src)
+    tp, key = SECTIONS[section], section
+    for name in path:
+        if not dataclasses.is_dataclass(tp):
+            return
+        _known_keys(tp, [name], key, src)
+        tp, key = typing.get_type_hints(tp)[name], f"{key}.{name}"
+
+
+def _known_sections(names: Any, src: str) -> None:
+    unknown = [k for k in names if k not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"{src}: unknown section {unknown[0]} (valid: {', '.join(SECTIONS)})")
+
+
+def _known_keys(tp: Any, keys: Any, key: str, src: str) -> None:
+    names = [f.name for f in dataclasses.fields(tp)]
+    unknown = [k for k in keys if k not in names]
+    if unknown:
+        raise ConfigError(f"{src}: unknown key {key}.{unknown[0]} (valid keys: {', '.join(names)})")
 
 
 def load(cls: type[T], section: str, path: Path = PARAMS) -> T:

@@ -2,6 +2,7 @@
 
     python -m transformer.decode --model data/model.pt --tokenizer data/tokenizer < in.en > out.de
     transformer-translate --model data/model.pt --tokenizer data/tokenizer -i in.en -o out.de
+    transformer-translate --model a/data/model.pt --ensemble b/data/model.pt --tokenizer ...
 
 The encoder runs once per batch; the decoder caches each layer's self-attention keys/values and
 computes the cross-attention keys/values once per sentence, shared by its beams. Sentences whose
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,12 +21,12 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from transformer import config, dist
+from transformer import config, dist, files
 from transformer.checkpoint import CheckpointError, build_model
 from transformer.checkpoint import load as load_checkpoint
 from transformer.config import ConfigError, DecodeConfig
 from transformer.files import atomic_write
-from transformer.incremental import NEG_INF, Decoder
+from transformer.incremental import NEG_INF, Decoder, Ensemble
 from transformer.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -47,7 +48,7 @@ def length_penalty(length: int | Tensor, alpha: float):
 
 @torch.inference_mode()
 def beam_search(
-    dec: Decoder,
+    dec: Decoder | Ensemble,
     src: Tensor,
     beam_size: int = 4,
     alpha: float = 0.6,
@@ -69,6 +70,8 @@ def beam_search(
     if use_cache:
         state = dec.start(memory, src_pad_mask, k, steps=max(max_len, default=0))
     else:  # beams of a sentence are adjacent rows
+        if isinstance(dec, Ensemble):
+            raise ValueError("beam_search(use_cache=False) takes a single Decoder, not an Ensemble")
         memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, D)
         src_pad_mask = src_pad_mask.repeat_interleave(k, dim=0)  # (B*k, S)
     rows = list(range(B))  # the original sentence of each active row
@@ -170,7 +173,7 @@ def batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
 
 
 def translate_ids(
-    dec: Decoder,
+    dec: Decoder | Ensemble,
     srcs: list[list[int]],
     cfg: DecodeConfig,
     min_len: int = 0,
@@ -207,9 +210,9 @@ def translate_ids(
 # ----------------------------------------------------------------------------- the text side
 @dataclass
 class Translator:
-    """A checkpoint plus its tokenizer: text lines in, text lines out."""
+    """A checkpoint (or an ensemble) plus its tokenizer: text lines in, text lines out."""
 
-    dec: Decoder
+    dec: Decoder | Ensemble
     tokenizer: object  # tokenizers.Tokenizer
     cfg: DecodeConfig
     max_src: int  # source tokens (EOS included) the model can take
@@ -241,12 +244,24 @@ class Translator:
 
 
 def load_translator(
-    model_path: Path, tokenizer_dir: Path, cfg: DecodeConfig, precision: str = "fp32"
+    model_path: Path,
+    tokenizer_dir: Path,
+    cfg: DecodeConfig,
+    precision: str = "fp32",
+    ensemble: Sequence[Path] = (),
 ) -> Translator:
-    """The model from its checkpoint, with the tokenizer checked to be the one it trained with."""
-    ckpt = load_checkpoint(model_path)
-    model = build_model(ckpt, model_path)
+    """The model from its checkpoint, with the tokenizer checked to be the one it trained with;
+    with `ensemble`, those checkpoints too, decoding together with it (incremental.Ensemble)."""
     tok = load_tokenizer(tokenizer_dir)
+    # one at a time: a Decoder is a copy, so only one member's loaded model is alive at once
+    decs = [Decoder(_load_model(p, tokenizer_dir, tok), precision) for p in [model_path, *ensemble]]
+    dec = decs[0] if len(decs) == 1 else Ensemble(decs)
+    return Translator(dec, tok, cfg, dec.max_positions)
+
+
+def _load_model(model_path: Path, tokenizer_dir: Path, tok) -> torch.nn.Module:
+    ckpt = load_checkpoint(model_path, mmap=True)  # a training checkpoint's Adam state: unread
+    model = build_model(ckpt, model_path)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
     if want and want != got:
         raise DecodeError(
@@ -258,27 +273,12 @@ def load_translator(
             f"{tokenizer_dir}: vocabulary of {tok.get_vocab_size()} tokens, "
             f"{model_path} has {model.vocab_size}"
         )
-    return Translator(Decoder(model, precision), tok, cfg, model.cfg.max_positions)
+    return model
 
 
 def read_lines(path: Path | None) -> list[str]:
-    """The newline-ended lines of `path` (stdin if None), one sentence each. Not str.splitlines:
-    it also ends lines at U+2028, form feeds, U+0085 ..., and the outputs would not line up."""
-    where = path or "<stdin>"
-    try:
-        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
-    except OSError as e:
-        raise DecodeError(f"{where}: cannot read ({e})") from None
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the last line's newline, or an empty input
-    out = []
-    for n, line in enumerate(lines, 1):
-        try:
-            out.append(line.removesuffix(b"\r").decode("utf-8"))
-        except UnicodeDecodeError:
-            raise DecodeError(f"{where}: line {n}: not UTF-8") from None
-    return out
+    """files.read_lines, from stdin when `path` is None; a DecodeError names the line."""
+    return files.read_lines(path, DecodeError)
 
 
 def write_lines(path: Path | None, lines: list[str]) -> None:
@@ -291,7 +291,17 @@ def write_lines(path: Path | None, lines: list[str]) -> None:
 
 
 def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> None:
-    """The params.yaml `decode` overrides shared by the translate and evaluate CLIs."""
+    """The decoding flags shared by the translate and evaluate CLIs: more checkpoints to
+    ensemble, and the params.yaml `decode` overrides."""
+    parser.add_argument(
+        "--ensemble",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="CHECKPOINT",
+        help="more checkpoints (same tokenizer) to decode together with the model: each step "
+        "takes the mean of their probabilities (e.g. a run's last checkpoints, or other seeds)",
+    )
     parser.add_argument(
         "--params",
         type=Path,
@@ -349,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.keep_freed_memory()  # see there: 2x decoding speed on glibc
     try:
         cfg = decode_config(args)
-        tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision)
+        tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision, args.ensemble)
         lines = read_lines(args.input)
         write_lines(args.output, tr.translate(lines, not args.no_progress, args.on_long))
     except (DecodeError, CheckpointError, ConfigError, TokenizerError) as e:

@@ -4,6 +4,8 @@
     python -m transformer.evaluate data/model.pt data/tokenizer data/raw data/eval
     python -m transformer.evaluate data/model.pt data/tokenizer data/raw /tmp/eval
         --split valid test --beam-size 1 4 --metrics /tmp/eval/metrics.json
+    python -m transformer.evaluate data/model.pt data/tokenizer data/raw /tmp/eval
+        --ensemble ../seed2/data/model.pt    # two runs' models decoding as one ensemble
 
 `bleu` is detokenized sacreBLEU, the number to compare across papers today. The paper's
 27.3/28.4 (Table 2) are tensor2tensor's get_ende_bleu.sh: Moses-tokenized, compounds split
@@ -18,6 +20,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,17 +82,25 @@ def score(hyps: list[str], refs: list[str], tgt_lang: str, tokenized_bleu: bool 
     return out
 
 
-def lineage(model_path: Path, tokenizer_dir: Path) -> dict:
-    """Which model (and which checkpoints it averages) and which tokenizer produced the numbers."""
-    ckpt = load_checkpoint(model_path)
+def lineage(model_path: Path, tokenizer_dir: Path, ensemble: Sequence[Path] = ()) -> dict:
+    """Which model (the checkpoints it averages; the models it was ensembled with, each the
+    same way) and which tokenizer produced the numbers."""
+    out = _model_lineage(model_path)
+    out["tokenizer_sha256"] = sha256_file(Path(tokenizer_dir) / "tokenizer.json")
+    if ensemble:
+        out["ensemble"] = [_model_lineage(p) for p in ensemble]
+    return out
+
+
+def _model_lineage(path: Path) -> dict:
+    ckpt = load_checkpoint(path, mmap=True)
     averaged = ckpt.get("averaged") or []
     return {
-        "model": str(model_path),
-        "model_sha256": sha256_file(model_path),
+        "model": str(path),
+        "model_sha256": sha256_file(path),
         "step": int(ckpt["step"]),
         "averaged_checkpoints": [a["path"] for a in averaged],
         "averaged_steps": [a["step"] for a in averaged],
-        "tokenizer_sha256": sha256_file(Path(tokenizer_dir) / "tokenizer.json"),
     }
 
 
@@ -142,7 +153,7 @@ def run(args: argparse.Namespace) -> dict:
     splits, beams = args.split or [ev.split], args.beam_size or [base.beam_size]
     langs = (dl.src_lang, dl.tgt_lang)
     runs = {}
-    tr = load_translator(args.model, args.tokenizer, base, base.precision)
+    tr = load_translator(args.model, args.tokenizer, base, base.precision, args.ensemble)
     for k in beams:
         tr = replace(tr, cfg=replace(base, beam_size=k))
         for split in splits:
@@ -162,7 +173,7 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}{tok}", file=sys.stderr)
     # one run: a flat record (what dvc metrics show lists); several: one record per tag
     out = next(iter(runs.values())) if len(runs) == 1 else runs
-    return {**out, "lineage": lineage(args.model, args.tokenizer)}
+    return {**out, "lineage": lineage(args.model, args.tokenizer, args.ensemble)}
 
 
 def main(argv: list[str] | None = None) -> None:

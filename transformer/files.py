@@ -1,4 +1,4 @@
-"""Small file helpers shared by the stages: atomic writes and content hashes."""
+"""Small file helpers shared by the stages: atomic writes, content hashes, text lines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,3 +84,24 @@ def sha256_files(paths: list[Path]) -> str:
     for p in paths:
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def read_lines(path: Path | None, error: type[Exception] = ValueError) -> list[str]:
+    """The newline-ended lines of a UTF-8 file (stdin if None), one sentence each; `error`
+    names the file and the line that is not UTF-8. Not str.splitlines: it also ends lines at
+    U+2028, form feeds, U+0085 ..., and a translation's lines would not line up with its input."""
+    where = path or "<stdin>"
+    try:
+        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    except OSError as e:
+        raise error(f"{where}: cannot read ({e})") from None
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the last line's newline, or an empty input
+    out = []
+    for n, line in enumerate(lines, 1):
+        try:
+            out.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError:
+            raise error(f"{where}: line {n}: not UTF-8") from None
+    return out

@@ -9,6 +9,7 @@ beams.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from functools import partial
 
@@ -154,6 +155,35 @@ class Decoder:
         if keep is not None:
             state["cross"] = [(ck[keep], cv[keep]) for ck, cv in state["cross"]]
             state["bias"] = state["bias"][keep]
+
+
+class Ensemble:
+    """Several Decoders decoding as one: each step's distribution is the mean of theirs,
+    log(1/M sum_m P_m), as in fairseq's ensembles (Sennrich et al. 2016 ensembled the last
+    checkpoints of one run, or runs of several seeds). Same interface as Decoder for
+    decode.beam_search, with the cache (`use_cache=False` needs a single Decoder).
+
+    The models may differ in shape; they must share the tokenizer (load_translator checks).
+    """
+
+    def __init__(self, decoders: list[Decoder]):
+        self.decoders = decoders
+        self.max_positions = min(d.max_positions for d in decoders)
+
+    def encode(self, src: Tensor) -> tuple[list, Tensor]:
+        enc = [d.encode(src) for d in self.decoders]  # each (memory (B, S, D_m), pad mask)
+        return enc, enc[0][1]
+
+    def start(self, memory: list, src_pad_mask: Tensor, beam_size: int, steps: int) -> list:
+        return [d.start(m, mask, beam_size, steps) for d, (m, mask) in zip(self.decoders, memory)]
+
+    def step(self, y: Tensor, state: list) -> Tensor:
+        lp = torch.stack([d.step(y, s).log_softmax(-1) for d, s in zip(self.decoders, state)])
+        return lp.logsumexp(0) - math.log(len(self.decoders))  # (N*k, V) log-probabilities
+
+    def reorder(self, state: list, origin: Tensor, keep: Tensor | None) -> None:
+        for d, s in zip(self.decoders, state):
+            d.reorder(s, origin, keep)
 
 
 def _attend_few(att: nn.Module, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:

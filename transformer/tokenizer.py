@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from transformer import config
 from transformer.config import ConfigError, DownloadConfig, TokenizerConfig
-from transformer.files import atomic_dir, atomic_write, sha256_file, write_json
+from transformer.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 # Mixing punctuation and letters, these strings can never be one pre-token of GPT-2's regex,
@@ -216,12 +216,6 @@ def stats(tok: Tokenizer, lines: dict[str, list[str]]) -> dict[str, Any]:
     return out
 
 
-def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file without their newlines (for small files: valid/test)."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        return [line.rstrip("\n") for line in f]
-
-
 def build(raw: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> dict:
     """The stage: train on raw/train.{src,tgt}, save to out_dir, return the metrics."""
     files = [Path(raw) / f"train.{lang}" for lang in langs]
@@ -237,7 +231,7 @@ def build(raw: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]
     with atomic_dir(out_dir) as tmp:
         save_tokenizer(tok, tmp, meta)
     valid = {
-        lang: read_lines(Path(raw) / f"valid.{lang}")
+        lang: read_lines(Path(raw) / f"valid.{lang}", TokenizerError)
         for lang in langs
         if (Path(raw) / f"valid.{lang}").exists()
     }

@@ -37,7 +37,8 @@ from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha2
 # only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
 # so that the result is always what a fresh run with today's params.yaml would give.
 RESUME_FREE_KEYS = frozenset({"max_steps", "time_budget_minutes", "valid_every_steps",
-                              "log_every_steps", "threads"})
+                              "log_every_steps", "threads", "keep_last", "save_every_steps",
+                              "save_every_minutes"})
 
 
 class NonFiniteLoss(RuntimeError):
@@ -134,7 +135,8 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     return paths[-1], ""
 
 
-def make_checkpoint(model, opt, scaler, meta, step, seconds, data) -> dict[str, Any] | None:
+def make_checkpoint(model, opt, scaler, meta, step, seconds, data,
+                    final: bool) -> dict[str, Any] | None:
     """The checkpoint dict on rank 0 (None elsewhere); every rank must call it (RNG gather)."""
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
@@ -142,6 +144,7 @@ def make_checkpoint(model, opt, scaler, meta, step, seconds, data) -> dict[str, 
     if not dist.is_main():
         return None
     return {**meta, "model": model.state_dict(), "step": step, "train_seconds": seconds,
+            "final": final,  # the run's last: a resume at the same budget trains nothing
             "optimizer": opt.state_dict(), "scheduler": {"step": step},
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "rng": rngs, "data": data}
@@ -171,9 +174,13 @@ def restore(ckpt: dict[str, Any], model, opt, scaler, sampler) -> tuple[int, flo
 
 
 def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool) -> dict[str, Any] | None:
-    """Rank 0 picks the checkpoint; every rank gets it (from disk, or broadcast if not shared)."""
-    path, why = (find_resume(ckpt_dir, meta) if resume else (None, "--resume not given"))
+    """Rank 0 picks the checkpoint; every rank gets it (from disk, or broadcast if not shared).
+    Only rank 0 looks: another rank could list a stale checkpoint as rank 0 removes it."""
+    path = None
     if dist.is_main():
+        path, why = (find_resume(ckpt_dir, meta) if resume else (None, "--resume not given"))
+        for tmp in ckpt_dir.glob(".step_*.pt.*.tmp"):  # a process killed while it saved
+            tmp.unlink()
         stale = checkpoint.list_checkpoints(ckpt_dir)
         if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
             dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
@@ -230,12 +237,15 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     valid_set = load_split(shards_dir, "valid", sha)
     # The train shards' sha256s: with the same tokenizer they still change with shard.max_len or
     # a re-run of BPE-dropout, and a resume on other pairs is not the run params.yaml describes.
+    # With model.output_vocab target the softmax's units come from the valid targets too.
+    ids = output_ids(mcfg, vocab, train_set, valid_set)
     meta = {"model_config": dataclasses.asdict(mcfg), "vocab_size": vocab, "world_size": world,
             "tokenizer_sha256": sha, "train_config": dataclasses.asdict(tcfg),
-            "train_shards": [s["sha256"] for s in train_set.index["shards"]]}
+            "train_shards": [s["sha256"] for s in train_set.index["shards"]],
+            "output_ids": None if ids is None else ids.tolist()}
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
-    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, train_set, valid_set)).to(device)
+    model = Transformer(mcfg, vocab, ids).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
                            eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)  # §5.3
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -250,13 +260,16 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     sampler = BatchSampler(train_set.src_lens, train_set.tgt_lens, tcfg.max_tokens, tcfg.seed,
                            rank=rank, world_size=world)
     step, seconds = restore(ckpt, model, opt, scaler, sampler) if ckpt else (0, 0.0)
+    finished = bool(ckpt and ckpt.get("final", True))  # checkpoints before the flag: the last
     del ckpt
     stream = batch_stream(train_set, sampler)
     ddp = dist.wrap(WithLoss(model), device)
     live = open_live(live_dir, step)
     max_steps = tcfg.max_steps if tcfg.max_steps > 0 else sys.maxsize
-    if 0 < 60 * tcfg.time_budget_minutes <= seconds:
+    if finished and 0 < 60 * tcfg.time_budget_minutes <= seconds:
         max_steps = step  # resumed at this budget's last checkpoint: nothing left to train
+    # (a periodic checkpoint past the budget: the run went on to one more step, the final one;
+    # so does its resume, whose first step finds the budget spent)
     bar = tqdm(total=tcfg.max_steps or None, initial=step, disable=not (progress_bar and rank == 0),
                unit="step", dynamic_ncols=True)
     cpu = dist.CpuShare() if device.type == "cpu" and world == 1 else None
@@ -335,7 +348,7 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
         seconds = base_seconds + time.monotonic() - t_start
         if final or save_clock > 0 or (tcfg.save_every_steps > 0
                                        and step % tcfg.save_every_steps == 0):
-            ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos)
+            ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, final)
             if ckpt is not None:
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 bar.write(f"step {step}: saved {path}")
