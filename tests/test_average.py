@@ -90,6 +90,13 @@ def test_vocabulary_mismatch_and_junk_files_are_named(tmp_path):
         average_checkpoints([a, junk])
 
 
+def test_the_average_takes_the_newest_step_whatever_the_order(tmp_path):
+    a, b = make_ckpt(tmp_path / "a.pt", 1, 600, seconds=60.0), make_ckpt(tmp_path / "b.pt", 2, 200)
+    avg = average_checkpoints([a, b])
+    assert avg["step"] == 600 and avg["train_seconds"] == 60.0
+    assert [x["step"] for x in avg["averaged"]] == [600, 200]
+
+
 def test_a_checkpoint_with_nan_weights_is_named_not_averaged(tmp_path):
     a, b = make_ckpt(tmp_path / "a.pt", 1, 1), make_ckpt(tmp_path / "b.pt", 2, 2)
     ckpt = torch.load(b, weights_only=True)

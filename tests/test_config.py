@@ -65,6 +65,7 @@ def test_impossible_model_config(tmp_path):
     ("download", "source", "lcoal", r"download\.source must be one of synthetic, local"),
     ("train", "keep_last", -3, r"train\.keep_last must be >= 0, got -3"),
     ("download", "timeout", 0, r"download\.timeout must be > 0 seconds, got 0"),
+    ("decode", "length_penalty", float("inf"), r"decode\.length_penalty must be in \[0, 10\], got inf"),
     ("retrain", "margin", -1.0, r"retrain\.margin must be a number >= 0, got -1\.0"),
     ("retrain", "margin", float("nan"), r"retrain\.margin must be a number >= 0, got nan"),
 ])

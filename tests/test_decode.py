@@ -222,7 +222,7 @@ def test_cli_translates_a_file(model_files, tmp_path):
             "1",
             "--no-progress",
             "--params",
-            str(tmp_path / "none.yaml"),
+            str(empty_params(tmp_path)),
         ]
     )
     lines = out.read_text().split("\n")
@@ -238,7 +238,7 @@ def test_cli_ensemble_of_a_model_with_itself_translates_as_the_model(model_files
         outs.append(tmp_path / f"out{len(extra)}.txt")
         decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o",
                      str(outs[-1]), "--beam-size", "2", "--no-progress", "--params",
-                     str(tmp_path / "none.yaml"), *extra])
+                     str(empty_params(tmp_path)), *extra])
     assert outs[0].read_text() == outs[1].read_text() and outs[0].read_text().strip()
     other = checkpoint.load(model)
     other["vocab_size"] += 1
@@ -261,18 +261,35 @@ def test_input_lines_end_at_newlines_only_and_bad_bytes_name_the_line(model_file
     assert r.returncode == 1 and b"error: <stdin>: line 2: not UTF-8" in r.stderr, r.stderr
 
 
+def empty_params(d: Path) -> Path:
+    """A params file with no sections: every setting at its default (the paper's decoding)."""
+    (d / "empty.yaml").write_text("")
+    return d / "empty.yaml"
+
+
 def test_bad_cli_overrides_name_the_flag(tmp_path):
     import argparse
 
-    args = argparse.Namespace(params=tmp_path / "none.yaml", beam_size=[4, 0],
+    args = argparse.Namespace(params=empty_params(tmp_path), beam_size=[4, 0],
                               length_penalty=None, precision=None)
     with pytest.raises(ConfigError, match="--beam-size must be >= 1, got 0"):
         decode.decode_config(args)
-    args.beam_size, args.length_penalty = 4, -0.5
-    with pytest.raises(ConfigError, match="--length-penalty must be >= 0, got -0.5"):
-        decode.decode_config(args)
+    args.beam_size = 4
+    for alpha in (-0.5, float("nan"), float("inf"), 1e6):
+        args.length_penalty = alpha
+        with pytest.raises(ConfigError, match=rf"--length-penalty must be in \[0, 10\], got {alpha}"):
+            decode.decode_config(args)
     args.length_penalty = 1.0
     assert decode.decode_config(args).length_penalty == 1.0
+    args.params = tmp_path / "nope.yaml"  # named, so it must exist (no silent defaults)
+    with pytest.raises(ConfigError, match=r"nope\.yaml: no such params file"):
+        decode.decode_config(args)
+
+
+def test_a_beam_wider_than_the_vocabulary_is_named(model_files):
+    tr = load_translator(*model_files, DecodeConfig(beam_size=5000))
+    with pytest.raises(DecodeError, match=r"beam size 5000 is more than the vocabulary's \d+ units"):
+        tr.translate(["the cat"])
 
 
 def test_cli_rejects_a_file_that_is_not_a_checkpoint(model_files, tmp_path):

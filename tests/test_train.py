@@ -208,6 +208,15 @@ def test_bad_inputs_give_clear_errors(corpus, tmp_path):
     ok = write_params(tmp_path / "ok.yaml")
     with pytest.raises(SystemExit, match=r"step_00000002\.pt: not a readable checkpoint"):
         train.main([*args, "--params", str(ok), "--resume"])
+    corrupt.unlink()
+    train.main([*args, "--params", str(ok)])  # a finished run, then its newest weights spoilt
+    newest = checkpoint.list_checkpoints(tmp_path / "ckpt")[-1]
+    spoilt = checkpoint.load(newest)
+    spoilt["model"]["src_embed.weight"][0, 0] = float("nan")
+    checkpoint.save(newest, spoilt)
+    with pytest.raises(SystemExit, match=rf"{newest.name}: model\.src_embed\.weight holds NaN"):
+        train.main([*args, "--params", str(ok), "--resume"])
+    corrupt.write_bytes(b"")
     boom = write_params(tmp_path / "boom.yaml", lr_scale=1e30, max_steps=20, save_every_steps=1)
     corrupt.unlink()
     with pytest.raises(SystemExit, match=r"non-finite loss .* at step \d+"):

@@ -99,7 +99,9 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 "sha256": sha256_file(p),
             }
         )
-        last = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")}
+        if not averaged[:-1] or ckpt["step"] > max(a["step"] for a in averaged[:-1]):
+            # the newest (by step, whatever the order given) names the average's step and time
+            last = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")}
         dtypes = {k: v.dtype for k, v in ckpt["model"].items()}
         del ckpt  # one checkpoint at a time
     model = {
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         "and the output path; or checkpoint files with --out",
     )
     parser.add_argument("--out", type=Path, help="output path when the inputs are files")
-    parser.add_argument("--params", type=Path, default=config.PARAMS)
+    parser.add_argument("--params", type=Path, default=config.PARAMS,
+                        help="params.yaml whose `average` section chooses from CKPT_DIR")
     args = parser.parse_args(argv)
     try:
         if args.out is None and len(args.inputs) == 2 and not args.inputs[0].exists():

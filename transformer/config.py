@@ -232,6 +232,9 @@ class AverageConfig:
 
 
 # ----------------------------------------------------------------------------- decode
+MAX_ALPHA = 10.0  # GNMT used 0.6-1, the Multi30k preset 2.0; ((5+|Y|)/6)^1e6 overflows
+
+
 @dataclass
 class DecodeConfig:
     beam_size: int = 4  # §6.1
@@ -244,7 +247,10 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         _choice("decode.precision", self.precision, ("fp32", "bf16", "int8"))
         _at_least("decode", self, 1, "beam_size", "batch_tokens")
-        _at_least("decode", self, 0, "length_penalty", "max_len_a", "max_len_b")
+        _at_least("decode", self, 0, "max_len_a", "max_len_b")
+        if not 0 <= self.length_penalty <= MAX_ALPHA:  # NaN and inf too
+            raise ConfigError(f"decode.length_penalty must be in [0, {MAX_ALPHA:g}], "
+                              f"got {self.length_penalty}")
         if self.max_len_a == 0 and self.max_len_b < 1:
             raise ConfigError("decode.max_len_a and decode.max_len_b are both 0: no output "
                               "could be longer than 0 tokens")

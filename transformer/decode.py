@@ -239,6 +239,10 @@ class Translator:
         self, lines: list[str], progress: bool = False, on_long: str = "truncate"
     ) -> list[str]:
         """Translate lines; an empty line gives an empty line."""
+        units = self.tokenizer.get_vocab_size()
+        if self.cfg.beam_size > units:  # top-k of more than the vocabulary: no such beams
+            raise DecodeError(f"beam size {self.cfg.beam_size} is more than the vocabulary's "
+                              f"{units} units (--beam-size / decode.beam_size)")
         hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
         return [self.tokenizer.decode(h, skip_special_tokens=True) if h else "" for h in hyps]
 
@@ -305,29 +309,34 @@ def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> Non
     parser.add_argument(
         "--params",
         type=Path,
-        default=config.PARAMS,
-        help="params.yaml whose sections give the defaults",
+        help=f"params.yaml whose sections give the defaults (default: ./{config.PARAMS}; "
+        "translate without one uses the paper's decoding settings)",
     )
     parser.add_argument(
         "--beam-size",
         type=int,
         nargs="+" if multi else None,
-        help="beam size(s) (1 = greedy); default: params decode.beam_size",
+        help=("beam sizes, each scored" if multi else "beam size")
+        + " (1 = greedy); default: params decode.beam_size",
     )
-    parser.add_argument("--length-penalty", type=float, help="GNMT alpha; default: params")
+    parser.add_argument(
+        "--length-penalty", type=float, help=f"GNMT alpha in [0, {config.MAX_ALPHA:g}]; default: params"
+    )
     parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), help="default: params")
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
-    # no params.yaml (translating outside the project folder): the paper's defaults
+    # no params.yaml (translating outside the project folder): the paper's defaults; a file
+    # named with --params must exist
     cfg = DecodeConfig()
-    if args.params.exists():
-        cfg = config.load(DecodeConfig, "decode", args.params)
+    if args.params is not None or config.PARAMS.exists():
+        cfg = config.load(DecodeConfig, "decode", args.params or config.PARAMS)
     beams = args.beam_size if isinstance(args.beam_size, list) else [args.beam_size]
     if any(k is not None and k < 1 for k in beams):  # the flag named, not the params key
         raise ConfigError(f"--beam-size must be >= 1, got {min(beams)}")
-    if args.length_penalty is not None and args.length_penalty < 0:
-        raise ConfigError(f"--length-penalty must be >= 0, got {args.length_penalty}")
+    if args.length_penalty is not None and not 0 <= args.length_penalty <= config.MAX_ALPHA:
+        raise ConfigError(f"--length-penalty must be in [0, {config.MAX_ALPHA:g}], "
+                          f"got {args.length_penalty}")
     over = {"beam_size": beams[0], "length_penalty": args.length_penalty,
             "precision": args.precision}
     return replace(cfg, **{k: v for k, v in over.items() if v is not None})

@@ -147,8 +147,9 @@ def evaluate_split(
 
 
 def run(args: argparse.Namespace) -> dict:
-    ev = config.load(EvaluateConfig, "evaluate", args.params)
-    dl = config.load(DownloadConfig, "download", args.params)
+    params = args.params or config.PARAMS
+    ev = config.load(EvaluateConfig, "evaluate", params)
+    dl = config.load(DownloadConfig, "download", params)
     base: DecodeConfig = decode_config(args)
     splits, beams = args.split or [ev.split], args.beam_size or [base.beam_size]
     langs = (dl.src_lang, dl.tgt_lang)

@@ -191,6 +191,8 @@ def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool) -> dict[str,
         return None
     visible = all(dist.all_gather_object(Path(path).is_file()))
     ckpt = checkpoint.load(Path(path)) if visible or dist.is_main() else None
+    if ckpt is not None:  # named here: restore() no longer knows the file
+        checkpoint.check_finite(ckpt["model"], path)
     ckpt = ckpt if visible else dist.broadcast_object(ckpt)
     dist.print0(f"resuming from {path} (step {ckpt['step']})")
     return ckpt
@@ -380,7 +382,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("ckpt_dir", type=Path, help="where step_XXXXXXXX.pt files are written")
     parser.add_argument("--live", type=Path, help="dvclive directory (metrics and plots)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint of the same config in ckpt_dir")
+                        help="continue from the newest checkpoint of the same config in ckpt_dir "
+                             "(without it, or when the config differs, the checkpoints already "
+                             "in ckpt_dir are removed and training starts fresh)")
     parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
