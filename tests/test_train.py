@@ -53,6 +53,11 @@ def run(corpus: Path, ckpt: Path, params: Path, *extra: str, nproc: int = 0,
     cmd = [*launcher, "-m", "transformer.train", str(corpus / "shards"), str(corpus / "tok"),
            str(ckpt), "--params", str(params), "--no-progress", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A shell's background job (`make test &`) ignores SIGINT, a child inherits an ignored signal,
+    # and its Python then installs no KeyboardInterrupt handler for the Ctrl-C test to reach: a
+    # handled one in this process is reset to the default in the child instead.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     if wait:
