@@ -79,7 +79,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
     paths = [Path(p) for p in paths]
     check_compatible(paths)
     acc: dict[str, torch.Tensor] = {}
-    averaged = []
+    averaged, newest = [], {"step": -1}
     for p in paths:
         ckpt = load_checkpoint(p, finite=True)
         for k, v in ckpt["model"].items():
@@ -91,6 +91,9 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 acc[k].add_(v.float())  # fp32 accumulator, whatever the checkpoint dtype
             else:
                 acc[k] = v.float().clone()  # clone: never write into the mmap'd file
+        if ckpt["step"] > newest["step"]:
+            # the newest (by step, whatever the order given) names the average's step and time
+            newest = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")}
         averaged.append(
             {
                 "path": p.name,
@@ -99,15 +102,12 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 "sha256": sha256_file(p),
             }
         )
-        if not averaged[:-1] or ckpt["step"] > max(a["step"] for a in averaged[:-1]):
-            # the newest (by step, whatever the order given) names the average's step and time
-            last = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")}
         dtypes = {k: v.dtype for k, v in ckpt["model"].items()}
         del ckpt  # one checkpoint at a time
     model = {
         k: v.div_(len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in acc.items()
     }  # the mean, back in the checkpoints' dtype
-    return {**last, "model": model, "averaged": averaged}
+    return {**newest, "model": model, "averaged": averaged}
 
 
 def _step(p: Path) -> int:

@@ -33,6 +33,13 @@ def atomic_write(path: Path, mode: str = "wb", **kwargs) -> Iterator[IO]:
             os.unlink(tmp)
 
 
+def remove_partial_writes(folder: Path, name_glob: str) -> None:
+    """Delete what atomic_write left of files named `name_glob` in `folder` when its process was
+    killed mid-write: the temporary files, which nothing else would ever remove."""
+    for tmp in Path(folder).glob(f".{name_glob}.*.tmp"):  # atomic_write's temporary names
+        tmp.unlink()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Build a directory under a temporary name; it replaces `path` only when the block succeeds."""

@@ -30,6 +30,7 @@ from transformer import checkpoint, config, dist
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.files import remove_partial_writes
 from transformer.model import PAD_ID, Transformer
 from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
 
@@ -159,9 +160,9 @@ def write_checkpoint(ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int) -> Pa
     return path
 
 
-def restore(ckpt: dict[str, Any], model, opt, scaler, sampler) -> tuple[int, float]:
+def restore(ckpt: dict[str, Any], path: str, model, opt, scaler, sampler) -> tuple[int, float]:
     """Load weights, Adam, scaler, data position and this rank's RNG; (step, seconds)."""
-    checkpoint.load_weights(model, ckpt)
+    checkpoint.load_weights(model, ckpt, path)
     opt.load_state_dict(ckpt["optimizer"])
     if scaler.is_enabled() and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
@@ -173,14 +174,15 @@ def restore(ckpt: dict[str, Any], model, opt, scaler, sampler) -> tuple[int, flo
     return int(ckpt["step"]), float(ckpt["train_seconds"])
 
 
-def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool) -> dict[str, Any] | None:
-    """Rank 0 picks the checkpoint; every rank gets it (from disk, or broadcast if not shared).
-    Only rank 0 looks: another rank could list a stale checkpoint as rank 0 removes it."""
+def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool
+                ) -> tuple[dict[str, Any] | None, str]:
+    """(checkpoint, its path), or (None, ""): rank 0 picks it; every rank gets it (from disk, or
+    broadcast if not shared). Only rank 0 looks: another rank could list a stale checkpoint as
+    rank 0 removes it."""
     path = None
     if dist.is_main():
         path, why = (find_resume(ckpt_dir, meta) if resume else (None, "--resume not given"))
-        for tmp in ckpt_dir.glob(".step_*.pt.*.tmp"):  # a process killed while it saved
-            tmp.unlink()
+        remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
         stale = checkpoint.list_checkpoints(ckpt_dir)
         if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
             dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
@@ -188,14 +190,12 @@ def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool) -> dict[str,
                 p.unlink()
     path = dist.broadcast_object(str(path) if path else None)
     if path is None:
-        return None
+        return None, ""
     visible = all(dist.all_gather_object(Path(path).is_file()))
     ckpt = checkpoint.load(Path(path)) if visible or dist.is_main() else None
-    if ckpt is not None:  # named here: restore() no longer knows the file
-        checkpoint.check_finite(ckpt["model"], path)
     ckpt = ckpt if visible else dist.broadcast_object(ckpt)
     dist.print0(f"resuming from {path} (step {ckpt['step']})")
-    return ckpt
+    return ckpt, path
 
 
 def open_live(live_dir: Path | None, resumed_step: int):
@@ -257,11 +257,11 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     def autocast() -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights stay fp32
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
-    ckpt = load_resume(ckpt_dir, meta, resume)
+    ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
     sampler = BatchSampler(train_set.src_lens, train_set.tgt_lens, tcfg.max_tokens, tcfg.seed,
                            rank=rank, world_size=world)
-    step, seconds = restore(ckpt, model, opt, scaler, sampler) if ckpt else (0, 0.0)
+    step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
     finished = bool(ckpt and ckpt.get("final", True))  # checkpoints before the flag: the last
     del ckpt
     stream = batch_stream(train_set, sampler)
