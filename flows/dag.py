@@ -24,12 +24,13 @@ class Stage:
     uncached: tuple[str, ...]  # outputs with `cache: false` (meant to be tracked by git)
 
 
-def read_dag(project: Path) -> dict[str, Stage]:
-    """The stages of dvc.yaml in topological order (upstream first), as DVC's index sees them."""
+def read_dag(project: Path, rev: str | None = None) -> dict[str, Stage]:
+    """The stages of dvc.yaml (in the folder, or at commit `rev`) in topological order (upstream
+    first), as DVC's index sees them."""
     import networkx as nx
     from dvc.repo import Repo
 
-    with Repo(str(project)) as repo:
+    with Repo(str(project), rev=rev) as repo:
         graph = repo.index.graph  # edge: stage -> a stage it depends on
         stages = {}
         for node in reversed(list(nx.topological_sort(graph))):
@@ -71,10 +72,9 @@ def generations(dag: dict[str, Stage]) -> list[list[str]]:
     return waves
 
 
-def locked_outs(project: Path) -> dict[str, dict[str, str]]:
-    """{stage: {out path: content hash}} from dvc.lock (empty if the pipeline never ran)."""
-    path = Path(project) / "dvc.lock"
-    lock = yaml.safe_load(path.read_text()) if path.exists() else None
+def locked_outs(lock_text: str | None) -> dict[str, dict[str, str]]:
+    """{stage: {out path: content hash}} from dvc.lock's text (empty if the pipeline never ran)."""
+    lock = yaml.safe_load(lock_text) if lock_text else None
     return {
         name: {o["path"]: o.get("md5") or o.get("hash", "") for o in entry.get("outs", [])}
         for name, entry in ((lock or {}).get("stages") or {}).items()

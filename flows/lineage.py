@@ -1,7 +1,9 @@
-"""What a run produced and what it came from: scores, signatures, hashes, revisions.
+"""What a run produced and what it came from: scores, signatures, hashes, revisions, recipe.
 
-The metrics files are read defensively: the stages own their formats, so every value is looked
-up under a few likely key paths and a missing one is reported by name instead of failing the run.
+A record is read from a `Snapshot`: the files of a project as they are in a folder (the run
+workspace after a run) or as a commit holds them (an experiment, a champion), DVC-tracked
+metrics included. The metrics files are read defensively: the stages own their formats, so
+every value is looked up under a few likely key paths and a missing one is reported by name.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from flows.dag import Stage, locked_outs
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
+CODE = ("transformer", "dvc.yaml")  # what the pipeline runs: a change of either is a new model
+NOT_RECIPE = ("retrain",)  # params.yaml sections that do not shape the model
 
 # field -> (stage whose metrics hold it, key paths to try; "/" separates nesting levels)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -34,6 +40,36 @@ FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "test_sha256": (EVALUATE, ("test_sha256", "test/sha256", "references_sha256")),
 }
+
+
+class Snapshot:
+    """A project's files in its folder (rev None) or at a commit (DVC-tracked files through DVC,
+    from the local cache or the remote)."""
+
+    def __init__(self, project: Path, rev: str | None = None):
+        self.project, self.rev = Path(project), rev
+
+    def text(self, path: str) -> str | None:
+        """The file's text, or None where it does not exist."""
+        if self.rev is None:
+            p = self.project / path
+            return p.read_text() if p.is_file() else None
+        r = subprocess.run(["git", "show", f"{self.rev}:{path}"], cwd=self.project,
+                           capture_output=True, text=True, check=False)
+        if r.returncode == 0:
+            return r.stdout
+        import dvc.api
+        from dvc.exceptions import DvcException
+
+        try:
+            return dvc.api.read(path, repo=str(self.project), rev=self.rev)
+        except (DvcException, OSError):
+            return None
+
+    def git(self, *args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=self.project, capture_output=True, text=True,
+                           check=False)
+        return r.stdout.strip()  # outside a git repo: ""
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -55,39 +91,36 @@ def pick(flat: dict[str, Any], paths: tuple[str, ...]) -> Any:
     return None
 
 
-def read_metrics(project: Path, stage: Stage | None) -> dict[str, Any]:
+def read_metrics(snap: Snapshot, stage: Stage | None) -> dict[str, Any]:
     """The stage's metrics files merged and flattened (missing or unreadable files give {})."""
     flat: dict[str, Any] = {}
     for path in stage.metrics if stage else ():
         try:
-            flat.update(flatten(json.loads((project / path).read_text())))
-        except (OSError, ValueError):
+            flat.update(flatten(json.loads(snap.text(path) or "")))
+        except ValueError:
             continue
     return flat
 
 
-def git_revision(project: Path) -> str:
-    """HEAD's commit, with "+dirty" when tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=project, capture_output=True, text=True,
-                              check=False).stdout  # outside a git repo: ""
-
-    rev = git("rev-parse", "HEAD").strip() or "no commit"
-    return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+def code_hash(snap: Snapshot, rev: str) -> str:
+    """Git's hashes of what the pipeline runs at `rev` (the transformer package, dvc.yaml)."""
+    return ",".join(f"{p}={snap.git('rev-parse', f'{rev}:{p}')}" for p in CODE)
 
 
-def outs_hash(project: Path, dag: dict[str, Stage], name: str) -> str:
+def params_hash(text: str | None) -> str | None:
+    """sha256 of params.yaml's content, the sections that do not shape the model left out."""
+    if text is None:
+        return None
+    params = {k: v for k, v in (yaml.safe_load(text) or {}).items() if k not in NOT_RECIPE}
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+
+
+def outs_hash(lock: dict[str, dict[str, str]], dag: dict[str, Stage], name: str) -> str:
     """DVC's content hashes of a stage's outputs (metrics excluded), from dvc.lock."""
     stage = dag.get(name)
-    outs = locked_outs(project).get(name, {})
+    outs = lock.get(name, {})
     data = {p: h for p, h in outs.items() if stage and p not in stage.metrics}
     return ",".join(f"{p}={h}" for p, h in sorted(data.items()))
-
-
-def data_hash(project: Path, dag: dict[str, Stage]) -> str:
-    """DVC's content hash of the download stage's data outputs."""
-    return outs_hash(project, dag, DOWNLOAD)
 
 
 def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any], split: str = "test"
@@ -104,19 +137,23 @@ def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any], split: st
     return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else None
 
 
-def lineage(project: Path, dag: dict[str, Stage], **extra: Any) -> dict[str, Any]:
-    """The run's record: every FIELDS value (None when missing), hashes, revision, `extra`."""
-    metrics = {name: read_metrics(project, dag.get(name)) for name in (DOWNLOAD, EVALUATE)}
+def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> dict[str, Any]:
+    """The record of the run in `snap`, trained from commit `rev`: every FIELDS value (None when
+    missing), data/shards/code/params hashes, `extra` (recipe, experiment...)."""
+    metrics = {name: read_metrics(snap, dag.get(name)) for name in (DOWNLOAD, EVALUATE)}
     record = {f: pick(metrics[stage], paths) for f, (stage, paths) in FIELDS.items()}
     record["split"] = str(pick(metrics[EVALUATE], ("split",)) or "test")
     record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
-    record["data_hash"] = data_hash(project, dag)
+    lock = locked_outs(snap.text("dvc.lock"))
+    record["data_hash"] = outs_hash(lock, dag, DOWNLOAD)
     # With BPE-dropout (shard.bpe_dropout) the shards no longer follow from data + tokenizer
-    record["shards_hash"] = outs_hash(project, dag, SHARD) or None
+    record["shards_hash"] = outs_hash(lock, dag, SHARD) or None
     if record["tokenizer_sha256"] is None:  # fall back to DVC's hash of the tokenizer outputs
-        toks = locked_outs(project).get(TOKENIZER, {})
+        toks = lock.get(TOKENIZER, {})
         record["tokenizer_sha256"] = ",".join(f"{p}={h}" for p, h in sorted(toks.items())) or None
-    record["git_revision"] = git_revision(project)
+    record["code_revision"] = rev
+    record["code_hash"] = code_hash(snap, rev)
+    record["params_sha256"] = params_hash(snap.text("params.yaml"))
     record.update(extra)
     return record
 

@@ -1,12 +1,17 @@
 """@flow pipeline: one Prefect task per DVC stage, in the DAG order DVC reads from dvc.yaml.
 
-Each task is `dvc repro --single-item STAGE`, so DVC decides what is stale, skips what is not,
-fills its cache and writes dvc.lock; a stage starts as soon as its upstream stages are done.
-The run is saved with `dvc exp save` (params, dvc.lock, metrics), so `dvc exp show` lists it.
+A run never touches the user's checkout: it works in the project's run workspace
+(flows/workspace.py) at a committed revision, with the run's preset and overrides written into
+the workspace's params.yaml. Each task is `dvc repro --single-item STAGE` there, so DVC decides
+what is stale, skips what is not, fills the shared cache and writes dvc.lock; a stage starts as
+soon as its upstream stages are done. The run is saved with `dvc exp save` (params, dvc.lock,
+metrics; the recipe in the commit message), so `dvc exp show` in the checkout lists it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,24 +19,37 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
-from flows import lineage
+from flows import lineage, workspace
 from flows.dag import Stage, read_dag
-from flows.shell import CommandError, apply_params, dvc, workspace_lock
+from flows.shell import (
+    CommandError,
+    apply_params,
+    dvc,
+    logger,
+    stop_all,
+    watch_parent,
+    workspace_lock,
+)
+
+MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes
 
 
-def _lock_busy(task, task_run, state) -> bool:
-    """Retry a stage only when another dvc process held the lock it needed."""
+def _retriable(task, task_run, state) -> bool:
+    """Retry a stage when the cause may pass: another dvc process held the lock it needed, the
+    stage was killed by a signal, the disk was full, the network failed."""
     exc = state.result(raise_on_failure=False)
-    return isinstance(exc, CommandError) and exc.lock_busy
+    return isinstance(exc, CommandError) and (exc.lock_busy or exc.transient)
 
 
-@task(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2, retry_condition_fn=_lock_busy)
-def repro(project: Path, stage: str, force: bool = False) -> str:
+@task(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30],
+      retry_condition_fn=_retriable)
+def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
-    out = dvc("repro", "--single-item", *(["--force"] if force else []), stage, cwd=project)
+    out = dvc("repro", "--single-item", *(["--force"] if force else []), stage, cwd=ws,
+              what=f"stage {stage}")
     text = "\n".join(out)
     return "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
 
@@ -51,7 +69,7 @@ def stage_task(stage: str, download_retries: int, retry_delay_s: float):
 
 
 def run_stages(
-    project: Path,
+    ws: Path,
     dag: dict[str, Stage],
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
@@ -61,37 +79,78 @@ def run_stages(
     futures = {}
     for name, stage in dag.items():  # topological order: upstream futures exist already
         futures[name] = stage_task(name, download_retries, retry_delay_s).submit(
-            project, name, name in force, wait_for=[futures[u] for u in stage.upstream]
+            ws, name, name in force, wait_for=[futures[u] for u in stage.upstream]
         )
     wait(list(futures.values()))
     return {name: f.result() for name, f in futures.items()}
 
 
-def save_experiment(project: Path, dag: dict[str, Stage], name: str) -> str:
-    """`dvc exp save` the workspace, with the git-ignored uncached metrics; the exp commit."""
-    uncached = [p for s in dag.values() for p in s.uncached if (project / p).exists()]
+def start_attempt() -> None:
+    """Bound the attempts of this flow run (serve.py's automation reschedules a crashed run),
+    say why the last one ended, and make this one crash, saying so, if the process that
+    serves it dies (its stages are stopped: the retry resumes them)."""
+    from prefect.client.orchestration import get_client
+
+    n, run_id = flow_run.get_run_count(), flow_run.get_id()
+    if flow_run.get_parent_flow_run_id():
+        return  # a subflow: its parent flow run does this
+    if n > 1:
+        with get_client(sync_client=True) as client:
+            crashed = [s for s in client.read_flow_run_states(run_id) if s.is_crashed()]
+        why = crashed[-1].message if crashed else "unknown"
+        if n > MAX_ATTEMPTS:
+            raise RuntimeError(f"giving up after {MAX_ATTEMPTS} attempts; the last crashed: "
+                               f"{why}")
+        logger().warning("attempt %d of %d; the last one crashed: %s. Resuming in the run "
+                         "workspace", n, MAX_ATTEMPTS, why)
+    if deployment.get_id():  # started by a serve process or a worker, not called in-process
+        watch_parent(lambda parent: _orphaned(run_id, parent))
+
+
+def _orphaned(run_id: str, parent: int) -> None:
+    """The serving process died: stop the stages, mark the run Crashed naming why, exit."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    stop_all()
+    message = (f"the process serving this flow run (pid {parent}: `python -m flows.serve` or a "
+               "worker) died; its stages were stopped, and a retry resumes them")
+    # the server may be unreachable too: then the missing heartbeats tell
+    with contextlib.suppress(Exception), get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+    os._exit(70)
+
+
+def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> tuple[Path, str]:
+    """The run workspace at `rev` with the recipe applied; (its path, the commit)."""
+    ws, commit = workspace.prepare(root, rev)
+    apply_params(ws, preset, overrides)
+    logger().info("run workspace %s at %s; preset %s, overrides %s", ws, commit[:9], preset,
+                  overrides)
+    return ws, commit
+
+
+def save_experiment(ws: Path, dag: dict[str, Stage], name: str, recipe: dict[str, Any]) -> str:
+    """`dvc exp save` the workspace, with the git-ignored uncached metrics; the exp commit.
+    The recipe goes into the commit message, where registry.record_at reads it back."""
+    import json
+
+    uncached = [p for s in dag.values() for p in s.uncached if (ws / p).exists()]
     include = [a for p in uncached for a in ("--include-untracked", p)]
-    msg = f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})"
-    dvc("exp", "save", "--force", "-n", name, "-m", msg, *include, cwd=project)
-    refs = dvc_refs(project)
-    return refs.get(name, "")
+    msg = (f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})\n\n"
+           f"recipe: {json.dumps(recipe)}")
+    dvc("exp", "save", "--force", "-n", name, "-m", msg, *include, cwd=ws)
+    return workspace.git("rev-parse", f"refs/exps/{experiment_ref(ws, name)}", cwd=ws)
 
 
-def dvc_refs(project: Path) -> dict[str, str]:
-    """{experiment name: commit} for the experiments saved in the project's git repo."""
-    import subprocess
-
-    out = subprocess.run(
-        ["git", "for-each-ref", "refs/exps", "--format=%(objectname) %(refname)"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return {r.rsplit("/", 1)[1]: sha for sha, r in (line.split() for line in out.splitlines())}
+def experiment_ref(ws: Path, name: str) -> str:
+    """The ref of experiment `name` under refs/exps (DVC nests it by its baseline commit)."""
+    refs = workspace.git("for-each-ref", "refs/exps", "--format=%(refname)", cwd=ws).split()
+    (ref,) = [r for r in refs if r.rsplit("/", 1)[1] == name]
+    return ref.removeprefix("refs/exps/")
 
 
-def publish(project: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
+def publish(ws: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
     """The lineage table artifact and the markdown artifact linking the training curves."""
     gaps = lineage.missing(record, dag)
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
@@ -99,9 +158,9 @@ def publish(project: Path, dag: dict[str, Stage], record: dict[str, Any]) -> Non
     create_table_artifact(
         rows, key="lineage", description="Score -> inputs: " + record["experiment"]
     )
-    html = project / "dvc_plots" / record["experiment"]
+    html = ws / "dvc_plots" / record["experiment"]
     html.mkdir(parents=True, exist_ok=True)
-    dvc("plots", "show", "--out", str(html), cwd=project)
+    dvc("plots", "show", "--out", str(html), cwd=ws)
     lines = [
         f"# Training curves: {record['experiment']}",
         "",
@@ -114,7 +173,7 @@ def publish(project: Path, dag: dict[str, Stage], record: dict[str, Any]) -> Non
         "| curve | points | first | last |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {f} | {n} | {a} | {b} |" for f, n, a, b in lineage.curves(project, dag)]
+    lines += [f"| {f} | {n} | {a} | {b} |" for f, n, a, b in lineage.curves(ws, dag)]
     create_markdown_artifact("\n".join(lines), key="training-curves")
 
 
@@ -122,25 +181,24 @@ def publish(project: Path, dag: dict[str, Stage], record: dict[str, Any]) -> Non
 def pipeline(
     preset: str | None = None,
     overrides: list[str] | None = None,
+    rev: str = "HEAD",
     project: str = ".",
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
 ) -> dict[str, Any]:
-    """Run dvc.yaml's stages (preset and `dvc exp run -S` overrides first); save the experiment."""
+    """Run dvc.yaml's stages on commit `rev` of the project with the preset and the
+    `dvc exp run -S` overrides, in the run workspace; save the experiment; its record."""
     root = Path(project).resolve()
+    overrides = list(overrides or [])
     with workspace_lock(root):
-        apply_params(root, preset, list(overrides or []))
-        dag = read_dag(root)
-        stages = run_stages(root, dag, download_retries, retry_delay_s)
-        name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}"
-        commit = save_experiment(root, dag, name)
-        record = lineage.lineage(
-            root,
-            dag,
-            experiment=name,
-            experiment_commit=commit,
-            preset=preset,
-            overrides=list(overrides or []),
-        )
-        publish(root, dag, record)
+        start_attempt()
+        ws, commit = prepare(root, rev, preset, overrides)
+        dag = read_dag(ws)
+        stages = run_stages(ws, dag, download_retries, retry_delay_s)
+        name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+        recipe = {"preset": preset, "overrides": overrides}
+        exp_commit = save_experiment(ws, dag, name, recipe)
+        record = lineage.lineage(lineage.Snapshot(ws), dag, commit, experiment=name,
+                                 experiment_commit=exp_commit, **recipe)
+        publish(ws, dag, record)
     return {"stages": stages, **record}

@@ -2,30 +2,41 @@
 
   pipeline/demo              the offline demo preset
   pipeline/wmt14-en-de-base  the paper's base model on WMT 2014 en-de
-  retrain/retrain            weekly (cron below), at most one run at a time
+  retrain/retrain            the retrain recipe (--retrain-preset, --retrain-override), on a cron
+                             schedule, at most one run at a time
+  promote/promote            put an experiment through the promotion gate (-p experiment=NAME)
 
-This process creates the deployments on the Prefect server named by PREFECT_API_URL and runs
-their flow runs as subprocesses in this directory. Parameters a run may pass: `preset`,
-`overrides` (a list of `dvc exp run -S` strings, e.g. '["train.max_steps=10"]'), `project`.
+This process creates the deployments and the crash-recovery automations (flows/automations.py)
+on the Prefect server named by PREFECT_API_URL, and runs their flow runs as subprocesses, each
+sending a heartbeat every 30 s. Run it under a supervisor that restarts it (systemd's
+Restart=always): a crashed run is rescheduled and the restarted process resumes it. Parameters
+a run may pass: `preset`, `overrides` (a list of `dvc exp run -S` strings, e.g.
+'["train.max_steps=10"]'), `rev` (the commit to train; default HEAD), `project`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 
+from flows import automations
 from flows.pipeline import pipeline
+from flows.promote import promote
 from flows.retrain import retrain
 
 RETRAIN_CRON = "0 3 * * 1"  # Mondays 03:00
 
 
-def deployments(cron: str = RETRAIN_CRON) -> list:
+def deployments(cron: str = RETRAIN_CRON, preset: str = "demo",
+                overrides: list[str] | None = None) -> list:
     by_module = {"entrypoint_type": EntrypointType.MODULE_PATH}  # flows.pipeline.pipeline
+    one_at_a_time = ConcurrencyLimitConfig(limit=1,
+                                           collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
     return [
         pipeline.to_deployment("demo", parameters={"preset": "demo"}, **by_module),
         pipeline.to_deployment(
@@ -34,11 +45,11 @@ def deployments(cron: str = RETRAIN_CRON) -> list:
         retrain.to_deployment(
             "retrain",
             cron=cron,
+            parameters={"preset": preset, "overrides": list(overrides or [])},
+            concurrency_limit=one_at_a_time,
             **by_module,
-            concurrency_limit=ConcurrencyLimitConfig(
-                limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
-            ),
         ),
+        promote.to_deployment("promote", **by_module),
     ]
 
 
@@ -53,8 +64,21 @@ def main(argv: list[str] | None = None) -> None:
         default=os.environ.get("RETRAIN_CRON", RETRAIN_CRON),
         help=f"the retrain schedule (default {RETRAIN_CRON!r})",
     )
+    parser.add_argument("--retrain-preset", default="demo",
+                        help="the preset the scheduled retrain trains (default: demo)")
+    parser.add_argument("--retrain-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the retrain recipe (repeatable), e.g. "
+                             "train.max_steps=2000")
     args = parser.parse_args(argv)
-    serve(*deployments(args.cron))
+    for override in args.retrain_override:  # a typo fails here, not at 03:00 on Monday
+        from flows.shell import check_override
+
+        check_override(override)
+    automations.install(automations.HEARTBEAT_S)
+    print("retrain recipe: " + json.dumps({"preset": args.retrain_preset,
+                                           "overrides": args.retrain_override}))
+    serve(*deployments(args.cron, args.retrain_preset, args.retrain_override),
+          heartbeat_seconds=automations.HEARTBEAT_S)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Commands the flows run in the project: `dvc` and `python -m transformer.config`, streamed live.
+"""Commands the flows run: `dvc` and `python -m transformer.config`, streamed into the run's logs.
 
-Every command's output goes line by line into the Prefect run's logs while it runs. The flows
-change the project only through these commands, so what a Prefect run leaves is exactly what the
-same commands typed in a shell leave.
+Each command runs in a process group of its own, killed when the flow stops waiting for it
+(an exception, Ctrl-C, a cancelled run). Its output reaches the Prefect logs line by line,
+except progress-bar refreshes (lines ended by a carriage return), of which at most one per
+PROGRESS_EVERY_S seconds is logged, and DVC's git advice, which does not apply to a workspace
+the flows own: a 100k-step training run then writes hundreds of lines, not 100k.
 """
 
 from __future__ import annotations
@@ -11,20 +13,48 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
+# causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
+TRANSIENT = re.compile(r"No space left on device|Errno 28|Connection (reset|refused|aborted)|"
+                       r"timed out|Temporary failure")
+CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^\w*(Error|Exception): ")
+WRAPPER = re.compile(r"^ERROR: failed to reproduce ")  # DVC's summary of the stage's own error
+ADVICE = re.compile(
+    r"^(To track the changes with git, run:|To enable auto staging, run:|\s+git add |"
+    r"\s+dvc config core\.autostage true|Use `dvc push` to send your updates to remote storage\.)"
+)
+PROGRESS_EVERY_S = 60.0
+_running: set[subprocess.Popen] = set()  # the commands in flight, for the orphan watch
 
 
 class CommandError(RuntimeError):
-    """A command exited non-zero; the message holds its last lines of output."""
+    """A command exited non-zero. The message's first line names the cause: the last error line
+    of its output (what `prefect deployment run --watch` shows as the run's state message)."""
 
-    def __init__(self, cmd: list[str], code: int, tail: list[str]):
+    def __init__(self, what: str, cmd: list[str], code: int, tail: list[str]):
         self.lock_busy = any(m in line for line in tail for m in LOCK_BUSY)
-        super().__init__(f"`{' '.join(cmd)}` exited with {code}:\n" + "\n".join(tail[-20:]))
+        self.transient = code < 0 or code in (128 + 9, 128 + 15) or any(
+            TRANSIENT.search(line) for line in tail)
+        self.cause = cause(tail) or f"exit status {code}"
+        super().__init__(f"{what} failed: {self.cause}\n`{' '.join(cmd)}` exited with {code}:\n"
+                         + "\n".join(tail[-20:]))
+
+
+def cause(lines: list[str]) -> str:
+    """The last line of `lines` that states an error (a CLI's "error: ..." or an exception),
+    the stage's own before DVC's summary of it."""
+    errors = [line.strip() for line in lines if CAUSE.search(line.strip())]
+    own = [line for line in errors if not WRAPPER.search(line)]
+    return (own or errors or [line.strip() for line in lines if line.strip()] or [""])[-1]
 
 
 def logger() -> logging.Logger | logging.LoggerAdapter:
@@ -38,49 +68,104 @@ def logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("flows")
 
 
-def run(cmd: list[str], cwd: Path) -> list[str]:
-    """Run `cmd` in `cwd`, logging each output line as it comes; its lines, or CommandError."""
+def segments(stream) -> Iterator[tuple[str, bool]]:
+    """(text, is_progress) for each line of a binary stream; a segment that ends with a lone
+    carriage return is a progress-bar refresh (tqdm rewrites its line that way)."""
+    buf = b""
+    while chunk := stream.read1(65536):
+        buf += chunk
+        while m := re.search(rb"\r\n|\n|\r(?!$)", buf):
+            text, end = buf[: m.start()], m.group()
+            buf = buf[m.end():]
+            yield text.decode(errors="replace"), end == b"\r"
+    if buf:
+        yield buf.rstrip(b"\r").decode(errors="replace"), False
+
+
+def run(cmd: list[str], cwd: Path, what: str = "",
+        progress_every_s: float = PROGRESS_EVERY_S) -> list[str]:
+    """Run `cmd` in `cwd`, logging its output as it comes; its lines, or CommandError."""
     log = logger()
     log.info("$ %s", " ".join(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
-    with subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        bufsize=1,
-    ) as proc:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            log.info("%s", lines[-1])
+    lines: list[str] = []
+    shown = -float("inf")
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    _running.add(proc)
+    try:
+        for text, progress in segments(proc.stdout):
+            if progress:
+                if time.monotonic() - shown >= progress_every_s and text.strip():
+                    shown = time.monotonic()
+                    log.info("%s", text.strip())
+                continue
+            lines.append(text)
+            if not ADVICE.search(text):
+                log.info("%s", text)
+        proc.wait()
+    finally:
+        stop_group(proc)
+        _running.discard(proc)
     if proc.returncode:
-        raise CommandError(cmd, proc.returncode, lines)
+        raise CommandError(what or " ".join(cmd[:4]), cmd, proc.returncode, lines)
     return lines
 
 
-def dvc(*args: str, cwd: Path) -> list[str]:
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL, the command's process group, unless it has already exited."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def watch_parent(on_orphaned, every_s: float = 2.0) -> None:
+    """Call on_orphaned(parent pid) from a daemon thread once this process's parent (the
+    `flows.serve` process or the worker that started the flow run) has died. Without this a
+    flow run outlives it, blocked on a silent stage, unseen by anyone."""
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        on_orphaned(parent)
+
+    threading.Thread(target=loop, name="orphan-watch", daemon=True).start()
+
+
+def stop_all() -> None:
+    """Stop every command in flight (their process groups)."""
+    for proc in list(_running):
+        stop_group(proc)
+
+
+def dvc(*args: str, cwd: Path, what: str = "") -> list[str]:
     """`dvc ARGS` with the venv's dvc (the one beside this interpreter)."""
-    return run([sys.executable, "-m", "dvc", *args], cwd)
+    return run([sys.executable, "-m", "dvc", *args], cwd, what or f"dvc {args[0]}")
 
 
 def apply_params(project: Path, preset: str | None, overrides: list[str]) -> None:
-    """Write preset `preset` to params.yaml, then the `dvc exp run -S` overrides, then validate."""
+    """Write preset `preset` to params.yaml, then the `dvc exp run -S` overrides, then validate.
+    Every override's key is checked first: a typo changes nothing."""
+    for override in overrides:
+        check_override(override)
     if preset:
-        run([sys.executable, "-m", "transformer.config", "preset", preset], project)
+        run([sys.executable, "-m", "transformer.config", "preset", preset], project,
+            f"preset {preset}")
     if overrides:
         from dvc.utils.hydra import apply_overrides  # the very code behind `dvc exp run -S`
 
-        for override in overrides:
-            check_override(override)
         apply_overrides(project / "params.yaml", list(overrides))
         logger().info("params.yaml: set %s", ", ".join(overrides))
     from transformer.config import load_all
 
-    load_all(project / "params.yaml")  # a typo in an override fails here, before any stage
+    load_all(project / "params.yaml")  # a bad value fails here, before any stage
 
 
 def check_override(override: str) -> None:
@@ -99,7 +184,7 @@ _held: set[Path] = set()
 
 @contextlib.contextmanager
 def workspace_lock(project: Path) -> Iterator[None]:
-    """One flow at a time per project directory (re-entrant for subflows; freed if killed)."""
+    """One flow at a time per project (re-entrant for subflows; freed if its process dies)."""
     if project in _held:
         yield
         return

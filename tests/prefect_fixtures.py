@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 SERVED = "polling for scheduled runs"  # what `serve` prints once its deployments exist
 
 TOY_STAGES = r"""
-import hashlib, json, os, pathlib, sys, time
+import hashlib, json, os, pathlib, shutil, sys, time
 import yaml
 
 P = yaml.safe_load(open("params.yaml"))
@@ -54,7 +54,7 @@ def barrier(me, other):  # proves two stages run at once: each waits for the oth
             time.sleep(0.05)
         sys.exit(f"toy {me}: {other} never started alongside")
 
-if stage == "download":  # the "remote" corpus/ is not a DVC dep, like a WMT server
+if stage == "download":  # the upstream corpus (TOY_CORPUS) is outside the repo, like a WMT server
     fail = env("TOY_FAIL_ONCE")
     if fail and os.path.exists(fail):
         os.unlink(fail)
@@ -62,7 +62,7 @@ if stage == "download":  # the "remote" corpus/ is not a DVC dep, like a WMT ser
     os.makedirs("data/raw", exist_ok=True)
     files = {}
     for split in ("train", "test"):
-        text = pathlib.Path(f"corpus/{split}.txt").read_text()
+        text = pathlib.Path(env("TOY_CORPUS"), f"{split}.txt").read_text()
         pathlib.Path(f"data/raw/{split}.en").write_text(text)
         files[split] = {"files": {f"{split}.en": {"sha256": sha(f"data/raw/{split}.en")}}}
     dump("data/metrics/download.json", {"source": "toy", "splits": files})
@@ -74,10 +74,19 @@ elif stage == "tokenizer":
 elif stage == "stats":
     barrier("stats", "tokenizer")
     dump("data/stats.json", {"lines": len(open("data/raw/train.en").readlines())})
-elif stage == "train":
+elif stage == "train":  # persist: a killed run's retry finds its checkpoints, as the real one
     steps = P["train"]["max_steps"]
+    if env("TOY_FAIL_TRAIN") and os.path.exists(env("TOY_FAIL_TRAIN")):
+        print("Traceback (most recent call last):", flush=True)
+        sys.exit("error: data/shards/train.bin: not a shard (simulated corruption)")
     os.makedirs("data/checkpoints", exist_ok=True)
-    pathlib.Path("data/checkpoints/step_00000001.pt").write_text("partial")
+    done = sorted(pathlib.Path("data/checkpoints").glob("step_*.pt"))
+    if done and done[-1].read_text().startswith(f"{steps} partial"):
+        print(f"toy train: resuming from {done[-1]}", flush=True)
+    else:
+        for old in done:
+            old.unlink()
+        pathlib.Path("data/checkpoints/step_00000001.pt").write_text(f"{steps} partial")
     if env("TOY_STARTED"):
         pathlib.Path(env("TOY_STARTED")).touch()
     hold = env("TOY_HOLD")
@@ -101,6 +110,13 @@ elif stage == "evaluate":
         "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.5.1",
         "lineage": {"model_sha256": sha(ckpts[-1]), "averaged_checkpoints": ckpts,
                     "tokenizer_sha256": sha("data/tokenizer/tokenizer.json")}})
+elif stage == "package":
+    shutil.rmtree("data/package", ignore_errors=True)
+    os.makedirs("data/package")
+    last = sorted(pathlib.Path("data/checkpoints").glob("step_*.pt"))[-1]
+    shutil.copy(last, "data/package/model.pt")
+    shutil.copytree("data/tokenizer", "data/package/tokenizer")
+    shutil.copy("data/metrics/evaluate.json", "data/package/lineage.json")
 """
 
 TOY_DVC_YAML = """
@@ -110,7 +126,7 @@ stages:
     deps: [toy.py]
     params: [download]
     outs: [data/raw]
-    metrics: [{data/metrics/download.json: {cache: false}}]
+    metrics: [data/metrics/download.json]
   tokenizer:
     cmd: python toy.py tokenizer
     deps: [data/raw, toy.py]
@@ -124,7 +140,7 @@ stages:
     cmd: python toy.py train
     deps: [data/raw, data/tokenizer, toy.py]
     params: [train]
-    outs: [data/checkpoints]
+    outs: [{data/checkpoints: {persist: true}}]
     metrics: [{data/live/metrics.json: {cache: false}}]
     plots: [{data/live/plots/metrics: {x: step, cache: false}}]
   evaluate:
@@ -132,7 +148,15 @@ stages:
     deps: [data/checkpoints, data/tokenizer, data/raw, toy.py]
     params: [evaluate]
     outs: [data/eval]
-    metrics: [{data/metrics/evaluate.json: {cache: false}}]
+    metrics: [data/metrics/evaluate.json]
+  package:
+    cmd: python toy.py package
+    deps: [data/checkpoints, data/tokenizer, data/metrics/evaluate.json, toy.py]
+    outs: [data/package]
+artifacts:
+  transformer:
+    path: data/package
+    type: model
 """
 
 
@@ -156,7 +180,8 @@ def git_init(path: Path) -> None:
 
 
 def make_toy(path: Path) -> Path:
-    """A git + DVC project: this checkout's flows/ and config, the toy stages, the demo preset."""
+    """A git + DVC project: this checkout's flows/ and config, the toy stages, the demo preset.
+    Its upstream corpus is path/../corpus (TOY_CORPUS), outside the repository."""
     path.mkdir(parents=True)
     shutil.copytree(ROOT / "flows", path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "presets", path / "presets")
@@ -166,17 +191,22 @@ def make_toy(path: Path) -> Path:
     (path / "toy.py").write_text(TOY_STAGES)
     (path / "dvc.yaml").write_text(TOY_DVC_YAML)
     (path / ".gitignore").write_text("/data/\n/dvc_plots/\n__pycache__/\n")
-    (path / "corpus").mkdir()
-    (path / "corpus" / "train.txt").write_text("a small corpus\nof toy sentences\n")
-    (path / "corpus" / "test.txt").write_text("a toy test set\n")
-    (path / "models").mkdir()
-    (path / "models" / ".gitkeep").write_text("")
+    corpus = path.parent / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text("a small corpus\nof toy sentences\n")
+    (corpus / "test.txt").write_text("a toy test set\n")
     sh(sys.executable, "-m", "transformer.config", "preset", "demo", cwd=path)
     git_init(path)
     sh(sys.executable, "-m", "dvc", "init", "-q", cwd=path)
     sh("git", "add", "-A", cwd=path)
     sh("git", "commit", "-qm", "toy project", cwd=path)
     return path
+
+
+def copy_toy(template: Path, dest: Path) -> Path:
+    """A copy of the toy project (git history and DVC config included) and of its corpus."""
+    shutil.copytree(template.parent / "corpus", dest.parent / "corpus")
+    return Path(shutil.copytree(template, dest, symlinks=True))
 
 
 @pytest.fixture(scope="session", name="prefect_server")

@@ -1,4 +1,6 @@
-"""The real six-stage pipeline through the `pipeline/demo` deployment, with tiny overrides."""
+"""The real seven-stage pipeline through the `pipeline/demo` deployment, with tiny overrides:
+a run, a run killed mid-train that resumes by itself, its promotion, and the champion fetched
+in a fresh clone and translating."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 from prefect_fixtures import (
     ROOT,
     artifact,
+    client,
     deployment_run,
     dvc_json,
     git_init,
@@ -18,6 +21,8 @@ from prefect_fixtures import (
     served,
     sh,
 )
+
+from flows.workspace import WORKSPACE
 
 TINY = [
     "download.synthetic.train=300",
@@ -33,10 +38,11 @@ TINY = [
     "average.last_k=2",
     "decode.beam_size=1",
 ]
+TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
 
-@pytest.mark.slow
-def test_real_pipeline_through_deployment(prefect_server: dict, tmp_path: Path) -> None:
+def checkout(tmp_path: Path) -> Path:
+    """This checkout's files as a fresh git repository with a DVC remote."""
     project = tmp_path / "checkout"
     project.mkdir()
     files = sh("git", "ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
@@ -48,25 +54,90 @@ def test_real_pipeline_through_deployment(prefect_server: dict, tmp_path: Path) 
     ).stdout
     subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
     git_init(project)
+    sh(sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(tmp_path / "remote"),
+       cwd=project)
     sh("git", "add", "-A", cwd=project)
     sh("git", "commit", "-qm", "checkout", cwd=project)
-    with served(project, prefect_server):
+    return project
+
+
+def state(run: str):
+    with client() as c:
+        return c.read_flow_run(run).state
+
+
+def until(what: str, check, timeout: float = 600.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def logs(run: str) -> list[str]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    out, offset = [], 0
+    with client() as c:
+        while batch := c.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run])), limit=200, offset=offset
+        ):
+            out += [log.message for log in batch]
+            offset += len(batch)
+    return out
+
+
+@pytest.mark.slow
+def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
+                                                       tmp_path: Path) -> None:
+    project = checkout(tmp_path)
+    params = (project / "params.yaml").read_bytes()
+    ws = project / WORKSPACE
+    with served(project, prefect_server) as serve:
         r = deployment_run(prefect_server, "pipeline/demo", "-p", f"overrides={json.dumps(TINY)}")
-    assert r.returncode == 0, r.stdout + r.stderr
-    table = {row["field"]: row["value"] for row in artifact(run_id(r.stdout), "lineage")}
-    assert "missing" not in table, table  # every lineage key found in the real metrics files
-    assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
-    assert dvc_json(project, "status") == {}
-    # another machine: git clone + dvc pull is an up-to-date workspace, metrics and curves too
-    dvc = (sys.executable, "-m", "dvc")
-    sh(*dvc, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "the run", cwd=project)
-    sh(*dvc, "push", cwd=project)
-    clone = tmp_path / "clone"
-    sh("git", "clone", "-q", str(project), str(clone), cwd=tmp_path)
-    sh(*dvc, "pull", cwd=clone)
-    assert dvc_json(clone, "status") == {}
-    bleu = json.loads((clone / "data/metrics/evaluate.json").read_text())["bleu"]
-    assert bleu == float(table["bleu"])
-    assert (clone / "data/live/plots/metrics/train/loss.tsv").is_file()
+        assert r.returncode == 0, r.stdout + r.stderr
+        first = run_id(r.stdout)
+        table = {row["field"]: row["value"] for row in artifact(first, "lineage")}
+        assert "missing" not in table, table  # every lineage key found in the real metrics
+        assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
+        assert len(logs(first)) <= 150  # progress bars reach the log at a bounded rate
+        # a longer run, killed with its serve process once it has written checkpoints
+        longer = [*TINY[:-5], "train.max_steps=60", "train.save_every_steps=10",
+                  "train.valid_every_steps=30", "average.last_k=2", "decode.beam_size=1"]
+        r = deployment_run(prefect_server, "pipeline/demo", "-p",
+                           f"overrides={json.dumps(longer)}", watch=False)
+        run = run_id(r.stdout)
+        until("a checkpoint of the longer run",
+              lambda: (ws / "data/checkpoints/step_00000020.pt").exists())
+        serve.kill()
+        serve.wait()
+    until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
+    with served(project, prefect_server):
+        until("the resumed run to finish", lambda: state(run).type.value in TERMINAL)
+    assert state(run).is_completed(), state(run)
+    text = "\n".join(logs(run))
+    assert "resuming from data/checkpoints/step_000000" in text
+    assert (project / "params.yaml").read_bytes() == params
+    assert sh("git", "status", "--porcelain", cwd=project) == ""
+    assert dvc_json(ws, "status") == {}
+    # the resumed run's experiment through the gate: the first champion, pushed to the remote
+    record = {row["field"]: row["value"] for row in artifact(run, "lineage")}
+    exp = record["experiment"]
+    out = sh(sys.executable, "-m", "flows.promote", exp, cwd=project, env=prefect_server)
+    assert "promoted as v1.0.0: no champion yet" in out
+    # another machine: a fresh clone fetches the champion and translates with it
+    fresh = tmp_path / "fresh"
+    sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
+    sh(sys.executable, "-m", "dvc", "artifacts", "get", ".", "transformer", "--stage", "prod",
+       "-o", "champion", cwd=fresh)
+    src = "Lena bought 28 apples.\n\nThe meeting is at 3:35 PM.\n"
+    (fresh / "in.txt").write_text(src)
+    sh(sys.executable, "-m", "transformer.decode", "--model", "champion", "-i", "in.txt", "-o",
+       "out.txt", "--no-progress", cwd=fresh)
+    assert len((fresh / "out.txt").read_text().split("\n")) == 4  # 3 lines, the blank one kept
+    champion = json.loads((fresh / "champion/lineage.json").read_text())
+    assert champion["bleu"] == float(record["bleu"])
+    assert champion["lineage"]["model_sha256"] == record["model_sha256"]

@@ -269,10 +269,10 @@ class EvaluateConfig:
 # ----------------------------------------------------------------------------- retrain
 @dataclass
 class RetrainConfig:
-    """Read by flows/retrain.py only; no stage depends on it."""
+    """Read by flows/ only (the promotion gate); no stage depends on it. The champion is a git
+    tag (flows/registry.py), not a setting."""
 
     margin: float = 0.0  # promote a candidate only if its BLEU beats the champion's by more
-    champion: str = "models/champion.json"  # the champion pointer, tracked by git
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < float("inf"):  # NaN too: it would never promote

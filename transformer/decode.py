@@ -3,6 +3,7 @@
     python -m transformer.decode --model data/model.pt --tokenizer data/tokenizer < in.en > out.de
     transformer-translate --model data/model.pt --tokenizer data/tokenizer -i in.en -o out.de
     transformer-translate --model a/data/model.pt --ensemble b/data/model.pt --tokenizer ...
+    transformer-translate --model champion/ -i in.en      # a package (the package stage's folder)
 
 The encoder runs once per batch; the decoder caches each layer's self-attention keys/values and
 computes the cross-attention keys/values once per sentence, shared by its beams. Sentences whose
@@ -342,6 +343,22 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     return replace(cfg, **{k: v for k, v in over.items() if v is not None})
 
 
+def unpack(args: argparse.Namespace) -> None:
+    """--model DIR, a package: its model.pt, and its tokenizer/ and params.yaml where the
+    command line names none."""
+    if args.model.is_dir():
+        pkg = args.model
+        if not (pkg / "model.pt").is_file():
+            raise DecodeError(f"{pkg}: a folder without model.pt: not a package (--model takes a "
+                              "checkpoint file or a package folder)")
+        args.model = pkg / "model.pt"
+        args.tokenizer = args.tokenizer or pkg / "tokenizer"
+        if args.params is None and (pkg / config.PARAMS.name).is_file():
+            args.params = pkg / config.PARAMS.name
+    if args.tokenizer is None:
+        raise DecodeError("--tokenizer is required unless --model is a package folder")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="transformer-translate",
@@ -349,9 +366,13 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--model", type=Path, required=True, help="checkpoint (trained or averaged)"
+        "--model", type=Path, required=True,
+        help="checkpoint (trained or averaged), or a package folder (model.pt, tokenizer/, "
+        "params.yaml: what `dvc artifacts get` fetches), whose tokenizer and decoding settings "
+        "are then the defaults",
     )
-    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory")
+    parser.add_argument("--tokenizer", type=Path,
+                        help="tokenizer directory (required unless --model is a package)")
     parser.add_argument(
         "-i", "--input", type=Path, help="source text, one sentence a line; default stdin"
     )
@@ -367,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     dist.keep_freed_memory()  # see there: 2x decoding speed on glibc
     try:
+        unpack(args)
         cfg = decode_config(args)
         tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision, args.ensemble)
         lines = read_lines(args.input)

@@ -1,0 +1,138 @@
+"""@flow promote: put a finished experiment through the BLEU promotion gate.
+
+    python -m flows.promote EXPERIMENT               # a `dvc exp show` name, a commit, a tag
+    prefect deployment run 'promote/promote' -p experiment=EXPERIMENT
+
+Any experiment qualifies, one a flow ran or one run by hand (`dvc exp run`): its record is read
+from its commit (params, dvc.lock, metrics). The gate is the one scheduled retraining uses: the
+candidate must be scored on the same split of the same test set (sha256) with the same
+sacreBLEU signature, and beat the champion's BLEU by more than `retrain.margin`; a candidate
+without a BLEU score is never promoted. A promotion is a new version of dvc.yaml's artifact in
+the production stage (flows/registry.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from flows import registry
+from flows.shell import logger, workspace_lock
+from flows.workspace import WorkspaceError, git
+
+COMPARABLE = ("split", "test_sha256", "bleu_signature")
+
+
+def gate(
+    candidate: dict[str, Any], champion: dict[str, Any] | None, margin: float
+) -> tuple[bool, str]:
+    """(promote?, why): only a comparable candidate with BLEU above champion + margin wins."""
+    if candidate.get("bleu") is None:
+        return False, "the candidate has no BLEU score; not promoted"
+    if champion is None or champion.get("bleu") is None:
+        return True, "no champion yet" if champion is None else "the champion has no BLEU score"
+    for key in COMPARABLE:
+        if candidate.get(key) is None or candidate.get(key) != champion.get(key):
+            return False, (
+                f"not comparable: {key} differs (champion {champion.get(key)!r}, "
+                f"candidate {candidate.get(key)!r}); champion kept"
+            )
+    new, old = float(candidate["bleu"]), float(champion["bleu"])
+    if new - old > margin:
+        return True, f"candidate BLEU {new:.2f} beats champion {old:.2f} by more than {margin}"
+    return False, (
+        f"candidate BLEU {new:.2f} does not beat champion {old:.2f} by more than "
+        f"the margin {margin}; champion kept"
+    )
+
+
+def resolve_experiment(project: Path, experiment: str) -> str:
+    """The commit of `experiment`: an experiment's name (refs/exps), or any git revision."""
+    refs = git("for-each-ref", "refs/exps", "--format=%(objectname) %(refname)", cwd=project)
+    found = [sha for sha, ref in (line.split() for line in refs.splitlines())
+             if ref.rsplit("/", 1)[1] == experiment]
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise WorkspaceError(f"{len(found)} experiments are named {experiment!r}: give its commit")
+    try:
+        return git("rev-parse", "--verify", "--end-of-options", f"{experiment}^{{commit}}",
+                   cwd=project)
+    except WorkspaceError:
+        raise WorkspaceError(f"{project}: no experiment or revision {experiment!r} "
+                             "(`dvc exp show` lists the experiments)") from None
+
+
+def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]:
+    """Gate the experiment at `commit` against the champion; promote it if it wins."""
+    candidate = registry.record_at(project, commit)
+    before = registry.champion(project)
+    if before and before.get("experiment_commit") == commit:
+        promote, reason = False, "the candidate is the champion already"
+    else:
+        promote, reason = gate(candidate, before, margin)
+    out: dict[str, Any] = {"promoted": promote, "reason": reason, "candidate": candidate,
+                           "champion_before": before, "version": None}
+    if promote:
+        summary = {k: candidate.get(k) for k in ("bleu", "chrf", "bleu_signature", "split",
+                                                 "test_sha256", "preset", "overrides")}
+        summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by)
+        out["version"] = registry.promote(project, commit, summary, reason)
+    logger().info("%s: %s", commit[:9], reason)
+    return out
+
+
+def report(out: dict[str, Any], title: str) -> str:
+    """The decision as markdown: the champion before, the candidate, why."""
+    rows = [("champion before", out.get("champion_before") or {}),
+            ("candidate", out.get("candidate") or {})]
+    verdict = f"promoted as {out['version']}" if out["promoted"] else "champion kept"
+    return "\n".join([
+        f"# {title}: {verdict}", "", out["reason"], "",
+        "| | experiment | commit | BLEU | data | code | params |", "|---|---|---|---|---|---|---|",
+        *(f"| {label} | {r.get('experiment')} | {str(r.get('experiment_commit'))[:9]} | "
+          f"{r.get('bleu')} | {r.get('data_hash')} | {r.get('code_hash')} | "
+          f"{str(r.get('params_sha256'))[:12]} |" for label, r in rows),
+    ])
+
+
+@flow(name="promote", log_prints=True)
+def promote(experiment: str, project: str = ".", margin: float | None = None) -> dict[str, Any]:
+    """Gate experiment `experiment` (name or revision); promote it if it beats the champion."""
+    from transformer.config import RetrainConfig, load
+
+    root = Path(project).resolve()
+    if margin is None:
+        margin = load(RetrainConfig, "retrain", root / "params.yaml").margin
+    with workspace_lock(root):
+        commit = resolve_experiment(root, experiment)
+        out = decide(root, commit, margin, f"promote flow run {flow_run.get_id()}")
+    create_markdown_artifact(report(out, f"Promote {experiment}"), key="promotion-decision")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flows.promote", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", help="experiment name (dvc exp show), commit or tag")
+    parser.add_argument("--project", default=".", help="the project's checkout (default: .)")
+    parser.add_argument("--margin", type=float,
+                        help="BLEU the champion must be beaten by (default: retrain.margin)")
+    args = parser.parse_args(argv)
+    try:
+        out = promote(args.experiment, args.project, args.margin)
+    except (WorkspaceError, registry.RegistryError) as e:
+        sys.exit(f"error: {e}")
+    print(("promoted as " + out["version"] if out["promoted"] else "not promoted") + ": "
+          + out["reason"])
+
+
+if __name__ == "__main__":
+    main()
