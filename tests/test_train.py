@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
-from transformer import checkpoint, dist, download, shard, tokenizer, train
+from transformer import checkpoint, download, precision, shard, tokenizer, train
 from transformer.config import ConfigError, TrainConfig
+from transformer.cpu_share import CpuShare
 from transformer.data import BatchSampler, load_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,19 +83,19 @@ def test_rate_peaks_at_warmup_and_decays():
 
 def test_precision_auto_follows_the_hardware():
     cpu = torch.device("cpu")
-    native = dist.native_bf16(cpu)
-    assert dist.resolve_precision("auto", cpu, "train.precision") == ("bf16" if native else "fp32")
-    assert dist.resolve_precision("fp32", cpu, "train.precision") == "fp32"
+    native = precision.native_bf16(cpu)
+    assert precision.resolve_precision("auto", cpu, "train.precision") == ("bf16" if native else "fp32")
+    assert precision.resolve_precision("fp32", cpu, "train.precision") == "fp32"
     if native:
-        assert dist.resolve_precision("bf16", cpu, "train.precision") == "bf16"
+        assert precision.resolve_precision("bf16", cpu, "train.precision") == "bf16"
     else:  # emulated bf16 GEMMs are ~100x slower: refused, naming the key
         with pytest.raises(ConfigError, match="train.precision: bf16 needs native bf16"):
-            dist.resolve_precision("bf16", cpu, "train.precision")
+            precision.resolve_precision("bf16", cpu, "train.precision")
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="CpuShare reads Linux's /proc/stat")
 def test_cpu_share_counts_other_processes_not_this_one():
-    share = dist.CpuShare()
+    share = CpuShare()
     spin = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
     subprocess.run([sys.executable, "-c", spin], check=True)  # another process, ~1 core
     busy = share.sample()
@@ -105,7 +106,7 @@ def test_cpu_share_counts_other_processes_not_this_one():
     assert busy["others"] >= 0.5 and alone["others"] < 0.5, (busy, alone)
     assert "other processes used" in share.warning(busy)
     assert share.warning(busy) is None  # at most one warning every 5 minutes
-    assert dist.CpuShare().warning(alone) is None
+    assert CpuShare().warning(alone) is None
 
 
 def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):

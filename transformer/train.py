@@ -26,12 +26,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from transformer import checkpoint, config, dist
+from transformer import allocator, checkpoint, config, dist
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, ModelConfig, TrainConfig
+from transformer.cpu_share import CpuShare
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
 from transformer.files import remove_partial_writes
 from transformer.model import PAD_ID, Transformer
+from transformer.precision import resolve_precision
 from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
 
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
@@ -228,12 +230,13 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
           tcfg: TrainConfig, live_dir: Path | None = None, resume: bool = False,
           progress_bar: bool = True) -> dict[str, Any]:
     """Train to max_steps / the time budget; returns the final step, seconds and metrics."""
+    allocator.keep_freed_memory()
     rank, world, device = dist.init()
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
-    precision = dist.resolve_precision(tcfg.precision, device, "train.precision")
+    precision = resolve_precision(tcfg.precision, device, "train.precision")
     vocab, sha = load_tokenizer(tokenizer_dir).get_vocab_size(), tokenizer_sha256(tokenizer_dir)
     train_set = load_split(shards_dir, "train", sha)
     valid_set = load_split(shards_dir, "valid", sha)
@@ -274,7 +277,7 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     # so does its resume, whose first step finds the budget spent)
     bar = tqdm(total=tcfg.max_steps or None, initial=step, disable=not (progress_bar and rank == 0),
                unit="step", dynamic_ncols=True)
-    cpu = dist.CpuShare() if device.type == "cpu" and world == 1 else None
+    cpu = CpuShare() if device.type == "cpu" and world == 1 else None
     t_start, t_saved, t_log = time.monotonic(), time.monotonic(), time.monotonic()
     base_seconds, log = seconds, torch.zeros(3, dtype=torch.float64)  # loss, nll, tokens
     metrics: dict[str, float] = {}
