@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-from transformer.ops import PAD_ID, dropout, output_loss
+from transformer.ops import dropout, output_loss
+from transformer.tokenizer import PAD_ID
 
 
 def sinusoids(n_pos: int, d_model: int) -> Tensor:

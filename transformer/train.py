@@ -32,9 +32,9 @@ from transformer.config import ConfigError, ModelConfig, TrainConfig
 from transformer.cpu_share import CpuShare
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
 from transformer.files import remove_partial_writes
-from transformer.model import PAD_ID, Transformer
+from transformer.model import Transformer
 from transformer.precision import resolve_precision
-from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.tokenizer import PAD_ID, TokenizerError, load_tokenizer, tokenizer_sha256
 
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
 # only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
