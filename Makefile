@@ -12,20 +12,24 @@ TORCH_PIP_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DVC_NO_ANALYTICS ?= 1
 
-.PHONY: setup demo multi30k test test-fast clean-data help
+.PHONY: setup demo multi30k test test-fast results lock help
 
 help:
 	@echo "make demo   - install into $(VENV) and run the offline demo pipeline (dvc repro)"
 	@echo "make test   - install into $(VENV) and run the whole test suite"
 	@echo "make multi30k - the multi30k-en-de preset: real Multi30k, 60 minutes of training"
-	@echo "make setup  - only install"
+	@echo "make setup  - only install (the tested versions, from requirements.lock)"
+	@echo "make results - one line per experiment: preset, BLEU, chrF, steps, training time"
+	@echo "make lock   - re-resolve the newest versions pyproject.toml allows into requirements.lock"
 
-$(STAMP): pyproject.toml
+# requirements.lock: the versions the tests passed with (pip constraints: pyproject.toml's
+# ranges say what may work, the lock what did). `make lock` refreshes it; then `make test`.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned, so nothing later can pull a CUDA build as a dependency.
 	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[dev]'
 	touch $@
 
 setup: $(STAMP)
@@ -47,7 +51,27 @@ multi30k: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
 
 test-fast: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow"
+
+results: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m flows.results
+
+# The newest versions pyproject.toml allows, resolved in a scratch venv and frozen (without the
+# project itself; torch as the plain 2.13.0 every build of it satisfies).
+LOCK_VENV := $(VENV)-lock
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(LOCK_VENV)/bin/python -m pip install -q -e '.[dev]'
+	{ echo "# The tested versions: make setup installs with these constraints. Refresh: make lock"; \
+	  echo "# (then make test). Made with $$($(LOCK_VENV)/bin/python -V) on $$(uname -sm)."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | sed 's/^torch==.*/torch==2.13.0/'; \
+	} > requirements.lock.tmp
+	mv requirements.lock.tmp requirements.lock
+	rm -rf $(LOCK_VENV)

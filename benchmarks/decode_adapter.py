@@ -17,9 +17,9 @@ if __name__ == "__main__":  # a plug-in of the peers harness, not a script
 
 import torch
 
+from transformer.allocator import keep_freed_memory
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.decode import Decoder, translate_ids
-from transformer.dist import keep_freed_memory
 from transformer.model import Transformer
 
 

@@ -26,11 +26,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config
+from transformer.allocator import keep_freed_memory
 from transformer.data import BatchSampler, load_split
-from transformer.dist import keep_freed_memory
 from transformer.model import Transformer
-from transformer.ops import PAD_ID, output_loss
-from transformer.tokenizer import load_tokenizer
+from transformer.ops import output_loss
+from transformer.tokenizer import PAD_ID, load_tokenizer
 from transformer.train import batch_stream
 
 

@@ -6,7 +6,7 @@
 Each setting trains the same batches (the params' model, batch size, seed and threads; bf16
 where `train.precision` resolves to it) in a fresh process with jemalloc preloaded, as `make
 multi30k` runs the train stage:
-- `keep`: `dist.keep_freed_memory()`, what the train stage does: the huge-block arena never
+- `keep`: `allocator.keep_freed_memory()`, what the train stage does: the huge-block arena never
   purges; in the others dirty pages decay over 10 s (and are coalesced) into lazily freed
   (MADV_FREE) ones, which are never force-purged;
 - `off`: purging off in every arena (decay -1), what `keep_freed_memory()` did until
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from multi30k_mfu import add_run_args, setup  # benchmarks/ is on sys.path: the script's own folder
 
-from transformer import dist
+from transformer import allocator
 
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
 SETTINGS = ("keep", "off", "eager", "default")
@@ -63,11 +63,11 @@ def child(args: argparse.Namespace) -> None:
     """One setting's training loop; a JSON line per --every steps on stdout."""
     mallctl = ctypes.CDLL(None).mallctl
     if args.child == "keep":
-        assert dist.keep_freed_memory()
+        assert allocator.keep_freed_memory()
     elif args.child == "off":  # the old keep_freed_memory
         set_decay(mallctl, ("dirty", "muzzy"), -1)
     elif args.child == "eager":  # keep's huge arena; the small arenas purge fully
-        assert dist.keep_freed_memory()
+        assert allocator.keep_freed_memory()
         narenas, size = ctypes.c_uint(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_uint))
         mallctl(b"opt.narenas", ctypes.byref(narenas), ctypes.byref(size), None, 0)
         set_decay(mallctl, ("muzzy",), 0, narenas.value)

@@ -33,10 +33,11 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transformer import config, dist
+from transformer import allocator, config
 from transformer.data import BatchSampler, load_split
-from transformer.model import PAD_ID, Transformer
-from transformer.tokenizer import load_tokenizer
+from transformer.model import Transformer
+from transformer.precision import resolve_precision
+from transformer.tokenizer import PAD_ID, load_tokenizer
 from transformer.train import batch_stream, output_ids
 
 
@@ -59,7 +60,7 @@ def setup(params: Path, shards: Path, tokenizer: Path) -> SimpleNamespace:
     mcfg, tcfg = p["model"], p["train"]
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
-    precision = dist.resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
+    precision = resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     vocab = load_tokenizer(tokenizer).get_vocab_size()
     data = load_split(shards, "train")
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.by_shape and not args.profile:
         ap.error("--by-shape needs --profile N")
-    dist.keep_freed_memory()  # as the train stage's process does
+    allocator.keep_freed_memory()  # as the train stage's process does
     run = setup(args.params, args.shards, args.tokenizer)
     mcfg, tcfg = run.mcfg, run.tcfg
     batches = [b for _, b in islice(run.stream, args.warmup + args.steps)]

@@ -20,8 +20,8 @@ if __name__ == "__main__":  # a plug-in of the peers harness, not a script
 import torch
 from common import BOS, fixed_length_beam_search
 
+from transformer.allocator import keep_freed_memory
 from transformer.config import ModelConfig
-from transformer.dist import keep_freed_memory
 from transformer.model import Transformer
 
 

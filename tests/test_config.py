@@ -133,10 +133,10 @@ def test_sweep_variants_are_valid_params(tmp_path, load_benchmark):
 
 
 def test_every_stage_depends_on_the_modules_it_runs():
-    """dvc.yaml lists each stage's module and every transformer module it imports (config and
-    files aside: they read params and write and hash files, and change no output but the
-    lines evaluate scores, so evaluate lists files.py), or an edit to, say, the loss would
-    leave `dvc repro` reporting train as up to date."""
+    """dvc.yaml's rule: a stage depends on exactly the transformer modules its entry module
+    imports, transitively (config and files included): one missing and an edit to, say, the loss
+    would leave `dvc repro` reporting train as up to date; one too many reruns a stage for code
+    it never runs."""
     import ast
     import re
 
@@ -145,11 +145,14 @@ def test_every_stage_depends_on_the_modules_it_runs():
     def imported(mod: str, seen: set[str]) -> set[str]:
         seen.add(mod)
         for node in ast.walk(ast.parse((root / "transformer" / f"{mod}.py").read_text())):
-            names = []
+            names = []  # imports inside functions count too: they run with the stage
             if isinstance(node, ast.ImportFrom) and node.module == "transformer":
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer."):
                 names = [node.module.split(".")[1]]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("transformer.")]
             for n in names:
                 if n not in seen and (root / "transformer" / f"{n}.py").exists():
                     imported(n, seen)
@@ -158,9 +161,13 @@ def test_every_stage_depends_on_the_modules_it_runs():
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
         module = re.search(r"-m transformer\.(\w+)", stage["cmd"]).group(1)
-        deps = {Path(d).stem for d in stage["deps"] if d.startswith("transformer/")}
-        missing = imported(module, set()) - deps - {"config", "files"}
-        assert not missing, f"dvc.yaml: stage {name} lacks deps transformer/{missing}"
+        deps = [d for d in stage["deps"] if d.startswith("transformer/")]
+        assert len(deps) == len(set(deps)), f"dvc.yaml: stage {name} lists a dep twice"
+        want = {f"transformer/{m}.py" for m in imported(module, set())}
+        assert not want - set(deps), f"dvc.yaml: stage {name} lacks deps {sorted(want - set(deps))}"
+        assert not set(deps) - want, (
+            f"dvc.yaml: stage {name} depends on modules it does not import: "
+            f"{sorted(set(deps) - want)}")
 
 
 def test_an_empty_section_in_a_preset_means_the_defaults():

@@ -12,9 +12,9 @@ import torch
 from transformer import checkpoint, decode
 from transformer.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
 from transformer.decode import DecodeError, Decoder, beam_search, load_translator, translate_ids
-from transformer.dist import native_bf16
 from transformer.incremental import Ensemble
 from transformer.model import Transformer
+from transformer.precision import native_bf16
 from transformer.tokenizer import EOS_ID, save_tokenizer, tokenizer_sha256, train_tokenizer
 
 V = 24

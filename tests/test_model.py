@@ -102,6 +102,9 @@ def test_model_loss_equals_forward_plus_cross_entropy_and_grad():
     ref_grads = torch.autograd.grad(0.5 * ref, params)
     for p, g, r in zip(params, grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    # given the count of targets (a training step, counted on the host), the very same loss
+    n = int(tgt_out.ne(0).sum())
+    assert torch.equal(torch.stack(m.loss(src, tgt, tgt_out, 0.1, n)), torch.stack((loss, nll)))
 
 
 def test_target_output_vocab_is_the_shared_softmax_over_fewer_units():
@@ -131,6 +134,8 @@ def test_target_output_vocab_is_the_shared_softmax_over_fewer_units():
     outside[0, 0] = int(left_out.nonzero()[-1])
     with pytest.raises(ValueError, match="not in output_ids"):
         m.loss(src, tgt, outside, 0.1)
+    with pytest.raises(RuntimeError, match="not in output_ids"):  # checked on the device
+        m.loss(src, tgt, outside, 0.1, int(outside.ne(0).sum()))
     with pytest.raises(ValueError, match="output_ids"):
         Transformer(ModelConfig(output_vocab="target"), V)
 

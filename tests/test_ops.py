@@ -97,9 +97,9 @@ def test_output_loss_under_bf16_autocast_keeps_fp32_grads():
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
 HOLD = """
 import os, sys, torch
-from transformer import dist
+from transformer import allocator
 if sys.argv[1] == "keep":
-    assert dist.keep_freed_memory()
+    assert allocator.keep_freed_memory()
 page = os.sysconf("SC_PAGESIZE")
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page >> 20  # MiB
 before = rss()
@@ -131,8 +131,8 @@ def test_keep_freed_memory_keeps_freed_blocks(allocator):
 
 DECAYS = """
 import ctypes
-from transformer import dist
-assert dist.keep_freed_memory()
+from transformer import allocator
+assert allocator.keep_freed_memory()
 mallctl = ctypes.CDLL(None).mallctl
 def read(name, out):
     size = ctypes.c_size_t(ctypes.sizeof(out))
@@ -151,7 +151,7 @@ def test_keep_freed_memory_still_lets_jemalloc_purge_small_blocks():
     """Only the huge-block arena stops purging; the others still purge lazily (dirty -> muzzy,
     never forced). jemalloc coalesces freed neighbours only when it purges them: with purging
     off everywhere, attention dropout's many tensor sizes fragmented the heap until a training
-    run filled the machine (dist.jemalloc_keep)."""
+    run filled the machine (allocator.jemalloc_keep)."""
     env = {**os.environ, "LD_PRELOAD": str(JEMALLOC[0])}
     out = subprocess.run([sys.executable, "-c", DECAYS], env=env, check=True,
                          capture_output=True, text=True, cwd=ROOT).stdout

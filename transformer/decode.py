@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from transformer import config, dist, files
+from transformer import allocator, config, files
 from transformer.checkpoint import CheckpointError, build_model
 from transformer.checkpoint import load as load_checkpoint
 from transformer.config import ConfigError, DecodeConfig
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_decode_args(parser)
     args = parser.parse_args(argv)
-    dist.keep_freed_memory()  # see there: 2x decoding speed on glibc
+    allocator.keep_freed_memory()  # see there: 2x decoding speed on glibc
     try:
         unpack(args)
         cfg = decode_config(args)

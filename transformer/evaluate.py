@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer import config, dist
+from transformer import allocator, config
 from transformer.checkpoint import CheckpointError
 from transformer.checkpoint import load as load_checkpoint
 from transformer.config import ConfigError, DecodeConfig, DownloadConfig, EvaluateConfig
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_decode_args(parser, multi=True)
     args = parser.parse_args(argv)
-    dist.keep_freed_memory()  # see there: 2x decoding speed on glibc
+    allocator.keep_freed_memory()  # see there: 2x decoding speed on glibc
     try:
         metrics = run(args)
     except (DecodeError, CheckpointError, ConfigError, TokenizerError) as e:

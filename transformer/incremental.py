@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import ConfigError
-from transformer.dist import resolve_precision
 from transformer.model import Transformer
+from transformer.precision import resolve_precision
 
 NEG_INF = float("-inf")
 

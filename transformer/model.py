@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ModelConfig
-from transformer.ops import PAD_ID, dropout, output_loss
+from transformer.ops import dropout, output_loss
+from transformer.tokenizer import PAD_ID
 
 
 def sinusoids(n_pos: int, d_model: int) -> Tensor:
@@ -259,19 +260,29 @@ class Transformer(nn.Module):
         memory, src_pad_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_pad_mask)
 
-    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
-             eps: float) -> tuple[Tensor, Tensor]:
-        """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V."""
+    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float,
+             n_targets: int | None = None) -> tuple[Tensor, Tensor]:
+        """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V.
+
+        n_targets: tgt_out's count of non-pad targets, when the caller has it (counted on the host
+        before the copy to a GPU); the loss then never waits for the device (a training step).
+        """
         memory, src_pad_mask = self.encode(src)
         h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
-        keep = tgt_out.ne(PAD_ID)
-        h, target = h[keep], tgt_out[keep]  # (N, D), (N,): the V-sized GEMM skips padding
+        keep = tgt_out.flatten().ne(PAD_ID)
+        # boolean indexing would wait for the device to count the rows
+        pos = (keep.nonzero() if n_targets is None
+               else torch.nonzero_static(keep, size=n_targets)).squeeze(1)
+        # (N, D), (N,): the V-sized GEMM skips padding
+        h, target = h.flatten(0, 1).index_select(0, pos), tgt_out.flatten().index_select(0, pos)
         if self.output_ids is not None:  # ids -> rows of output_matrix()
             ids, target = target, torch.searchsorted(self.output_ids, target)
             outside = self.output_ids[target.clamp(max=self.output_ids.numel() - 1)].ne(ids)
-            if bool(outside.any()):
-                raise ValueError(f"target unit {int(ids[outside][0])} is not in output_ids "
-                                 "(model.output_vocab target: units from other data?)")
+            why = "not in output_ids (model.output_vocab target: units from other data?)"
+            if n_targets is not None:  # checked where the loss is computed, without waiting
+                torch._assert_async(outside.any().logical_not(), f"a target unit is {why}")
+            elif bool(outside.any()):
+                raise ValueError(f"target unit {int(ids[outside][0])} is {why}")
         return output_loss(h, self.output_matrix(), target, eps)
 
     @staticmethod

@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-PAD_ID = 0  # architecture.md; tokenizer.py holds the same constant
-
 
 def keep_mask(x: Tensor, p: float) -> Tensor:
     """A tensor like x of 1s (probability 1 - p, quantised to 1/65536) and 0s, in x's dtype.

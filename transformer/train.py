@@ -6,7 +6,12 @@
 Settings come from params.yaml (`model`, `train`). Only rank 0 logs and writes checkpoints.
 With --resume, a CKPT_DIR holding checkpoints of the same model/tokenizer/shards/batching continues
 from the newest one (weights, Adam, schedule, RNG, data position), so a killed run picks up
-where it was and ends with the same weights as an uninterrupted one (CPU, same process count).
+where it was and ends with the same weights as an uninterrupted one (CPU, same process count;
+resume.py). When to log, validate, save and stop: clock.py.
+
+On a GPU an update never waits for the device: batches are copied from pinned memory, token
+counts come from the host, the per-update collective runs on the CPU, and the loss stays on the
+device until a log, validation or checkpoint point reads it (and stops a non-finite run there).
 """
 
 from __future__ import annotations
@@ -16,30 +21,24 @@ import contextlib
 import dataclasses
 import math
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from tqdm import tqdm
+from torch import Tensor, nn
 
-from transformer import checkpoint, config, dist
+from transformer import allocator, checkpoint, config, dist
 from transformer.checkpoint import CheckpointError
+from transformer.clock import Clock
 from transformer.config import ConfigError, ModelConfig, TrainConfig
-from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
-from transformer.files import remove_partial_writes
-from transformer.model import PAD_ID, Transformer
-from transformer.tokenizer import TokenizerError, load_tokenizer, tokenizer_sha256
-
-# train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
-# only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
-# so that the result is always what a fresh run with today's params.yaml would give.
-RESUME_FREE_KEYS = frozenset({"max_steps", "time_budget_minutes", "valid_every_steps",
-                              "log_every_steps", "threads", "keep_last", "save_every_steps",
-                              "save_every_minutes"})
+from transformer.data import Batch, BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.model import Transformer
+from transformer.precision import resolve_precision
+from transformer.report import Report
+from transformer.resume import load_resume, make_checkpoint, restore, write_checkpoint
+from transformer.tokenizer import PAD_ID, TokenizerError, load_tokenizer, tokenizer_sha256
 
 
 class NonFiniteLoss(RuntimeError):
@@ -64,8 +63,62 @@ class WithLoss(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, src, tgt_in, tgt_out, eps: float):
-        return self.model.loss(src, tgt_in, tgt_out, eps)
+    def forward(self, src, tgt_in, tgt_out, eps: float, n_targets: int):
+        return self.model.loss(src, tgt_in, tgt_out, eps, n_targets)
+
+
+class Learner:
+    """The model, its DDP wrapper, Adam (§5.3) and the fp16 loss scaler: what an update changes."""
+
+    def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, vocab: int, ids: Tensor | None,
+                 device: torch.device, precision: str):
+        self.cfg, self.device = tcfg, device
+        self.model = Transformer(mcfg, vocab, ids).to(device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
+                                    eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.ddp = dist.wrap(WithLoss(self.model), device)
+        dist.print0(f"training in {precision} on {device}")
+
+    def autocast(self) -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights fp32
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
+
+    def step(self, batches: list[Batch], n_tokens: float, lr: float) -> Tensor:
+        """One update on `batches`, the micro-batches of this rank, holding n_tokens targets on all
+        ranks. Returns this rank's (loss, nll) sums on the device, for the caller to read later."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for i, b in enumerate(batches):
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not dist.is_dist() else self.ddp.no_sync()
+            with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
+                with self.autocast():
+                    loss, nll = self.ddp(*to_device(b, self.device), self.cfg.label_smoothing,
+                                         n_targets(b))
+                # DDP averages over ranks: x world / n_tokens gives the per-token mean gradient
+                self.scaler.scale(loss * (dist.world_size() / n_tokens)).backward()
+            sums += torch.stack([loss.detach().double(), nll.detach().double()])
+        if self.cfg.clip_norm > 0:
+            self.scaler.unscale_(self.opt)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        return sums
+
+
+def n_targets(b: Batch) -> int:
+    """The batch's non-pad targets, counted on the host (its tensors are still there)."""
+    return int(b.tgt_out.ne(PAD_ID).sum())
+
+
+def to_device(b: Batch, device: torch.device) -> Batch:
+    """The batch on `device`; to a GPU from pinned memory, so that the host does not wait."""
+    if device.type != "cuda":
+        return b
+    return Batch(*(t.pin_memory() for t in b)).to(device, non_blocking=True)
 
 
 def batch_stream(dataset, sampler) -> Iterator[tuple[dict[str, int], Any]]:
@@ -75,16 +128,38 @@ def batch_stream(dataset, sampler) -> Iterator[tuple[dict[str, int], Any]]:
             yield sampler.state_dict(), collate([dataset[j] for j in idx])
 
 
-def progress_of(step: int, seconds: float, cfg: TrainConfig) -> float:
-    """How far through the run: the larger of steps/max_steps and seconds/budget."""
-    p = step / cfg.max_steps if cfg.max_steps > 0 else 0.0
-    if cfg.time_budget_minutes > 0:
-        p = max(p, seconds / (60.0 * cfg.time_budget_minutes))
-    return p
+class LossSums:
+    """The loss and NLL summed since they were last read: on the device, since reading them makes
+    the host wait for the GPU. Read (summed over ranks) at log, validation and checkpoint points;
+    a non-finite sum stops the run there, before any checkpoint of it is written."""
+
+    def __init__(self, device: torch.device, step: int):
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # since the last read
+        self.read_at, self.loss, self.nll, self.tokens = step, 0.0, 0.0, 0.0  # since the last log
+
+    def add(self, sums: Tensor, n_tokens: float) -> None:
+        self.sums += sums
+        self.tokens += n_tokens
+
+    def read(self, step: int) -> None:
+        loss, nll = dist.all_reduce_sum(self.sums).tolist()
+        self.sums.zero_()
+        if not math.isfinite(loss):  # every rank reads the same sum: all stop together
+            steps = f"{self.read_at + 1}-{step}" if step > self.read_at + 1 else f"{step}"
+            raise NonFiniteLoss(f"non-finite loss ({loss}) at step {steps}; stopping before any "
+                                "checkpoint of it is written")
+        self.read_at, self.loss, self.nll = step, self.loss + loss, self.nll + nll
+
+    def take(self) -> dict[str, float]:
+        """Per-token means since the last log, and the tokens they cover; then zero."""
+        n = max(self.tokens, 1.0)
+        out = {"train/loss": self.loss / n, "train/nll": self.nll / n, "tokens": self.tokens}
+        self.loss, self.nll, self.tokens = 0.0, 0.0, 0.0
+        return out
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, dataset, cfg: TrainConfig, device, autocast) -> dict[str, float]:
+def validate(model: Transformer, dataset, cfg: TrainConfig, device, autocast) -> dict[str, float]:
     """Label-smoothed loss, NLL and perplexity per target token on a split, summed over ranks."""
     model.eval()
     sampler = BatchSampler(dataset.src_lens, dataset.tgt_lens, cfg.max_tokens, cfg.seed,
@@ -103,116 +178,6 @@ def evaluate(model: Transformer, dataset, cfg: TrainConfig, device, autocast) ->
     return {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 50.0))}
 
 
-def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]:
-    """(newest checkpoint to continue from, or None, and why not)."""
-    paths = checkpoint.list_checkpoints(ckpt_dir)
-    if not paths:
-        return None, "no checkpoint"
-    ckpt = checkpoint.load(paths[-1])
-    for key, want in meta.items():
-        have = ckpt.get(key)
-        if key == "train_config" and isinstance(have, dict):
-            # with a decay, max_steps / the budget shape the rate from the first step on
-            free = RESUME_FREE_KEYS if want["lr_decay"] == "none" else RESUME_FREE_KEYS - {
-                "max_steps", "time_budget_minutes"}
-            have = {k: v for k, v in have.items() if k not in free}
-            want = {k: v for k, v in want.items() if k not in free}
-        if have != want:
-            keys = sorted(k for k in want if have.get(k) != want[k]) if (
-                isinstance(have, dict) and isinstance(want, dict)) else []
-            return None, f"{paths[-1]}: {key} differs" + (f" {keys}" if keys else "")
-    max_steps = meta["train_config"]["max_steps"]
-    if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
-        return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
-    budget, seconds = meta["train_config"]["time_budget_minutes"], ckpt.get("train_seconds", 0.0)
-    before = (ckpt.get("train_config") or {}).get("time_budget_minutes") or 0.0
-    if 0 < budget < (before or float("inf")) and 60 * budget < seconds:
-        # a budget lowered below the time trained: a fresh run would stop sooner. (A finished
-        # run's last checkpoint is always a little past its own budget: that is not lowered.)
-        return None, (f"{paths[-1]}: {seconds:.0f} s of training are past the lowered "
-                      f"train.time_budget_minutes {budget:g}")
-    if "optimizer" not in ckpt:
-        return None, f"{paths[-1]}: not a training checkpoint (no optimizer state)"
-    return paths[-1], ""
-
-
-def make_checkpoint(model, opt, scaler, meta, step, seconds, data,
-                    final: bool) -> dict[str, Any] | None:
-    """The checkpoint dict on rank 0 (None elsewhere); every rank must call it (RNG gather)."""
-    rng = {"torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-    rngs = dist.all_gather_object(rng)  # every rank's dropout stream, for an exact resume
-    if not dist.is_main():
-        return None
-    return {**meta, "model": model.state_dict(), "step": step, "train_seconds": seconds,
-            "final": final,  # the run's last: a resume at the same budget trains nothing
-            "optimizer": opt.state_dict(), "scheduler": {"step": step},
-            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-            "rng": rngs, "data": data}
-
-
-def write_checkpoint(ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int) -> Path:
-    path = checkpoint.step_path(ckpt_dir, ckpt["step"])
-    checkpoint.save(path, ckpt)
-    if keep_last > 0:  # the last K kept (§6.1 averages the last 5 or 20)
-        for old in checkpoint.list_checkpoints(ckpt_dir)[:-keep_last]:
-            old.unlink(missing_ok=True)
-    return path
-
-
-def restore(ckpt: dict[str, Any], path: str, model, opt, scaler, sampler) -> tuple[int, float]:
-    """Load weights, Adam, scaler, data position and this rank's RNG; (step, seconds)."""
-    checkpoint.load_weights(model, ckpt, path)
-    opt.load_state_dict(ckpt["optimizer"])
-    if scaler.is_enabled() and ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
-    rng = ckpt["rng"][dist.rank()]
-    torch.set_rng_state(rng["torch"])
-    if rng.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    sampler.load_state_dict(ckpt["data"])
-    return int(ckpt["step"]), float(ckpt["train_seconds"])
-
-
-def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool
-                ) -> tuple[dict[str, Any] | None, str]:
-    """(checkpoint, its path), or (None, ""): rank 0 picks it; every rank gets it (from disk, or
-    broadcast if not shared). Only rank 0 looks: another rank could list a stale checkpoint as
-    rank 0 removes it."""
-    path = None
-    if dist.is_main():
-        path, why = (find_resume(ckpt_dir, meta) if resume else (None, "--resume not given"))
-        remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
-        stale = checkpoint.list_checkpoints(ckpt_dir)
-        if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
-            dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
-            for p in stale:
-                p.unlink()
-    path = dist.broadcast_object(str(path) if path else None)
-    if path is None:
-        return None, ""
-    visible = all(dist.all_gather_object(Path(path).is_file()))
-    ckpt = checkpoint.load(Path(path)) if visible or dist.is_main() else None
-    ckpt = ckpt if visible else dist.broadcast_object(ckpt)
-    dist.print0(f"resuming from {path} (step {ckpt['step']})")
-    return ckpt, path
-
-
-def open_live(live_dir: Path | None, resumed_step: int):
-    """dvclive on rank 0; on resume, rows logged after the checkpoint are dropped (redone)."""
-    if live_dir is None or not dist.is_main():
-        return None
-    from dvclive import Live
-
-    if resumed_step:
-        for tsv in Path(live_dir, "plots", "metrics").rglob("*.tsv"):
-            lines = tsv.read_text().splitlines(keepends=True)
-            col = lines[0].rstrip("\n").split("\t").index("step") if lines else 0
-            keep = lines[:1] + [ln for ln in lines[1:] if int(ln.split("\t")[col]) <= resumed_step]
-            tsv.write_text("".join(keep))
-    return Live(str(live_dir), resume=bool(resumed_step), save_dvc_exp=False, dvcyaml=None)
-
-
 def output_ids(mcfg: ModelConfig, vocab: int, *splits: PairDataset) -> torch.Tensor | None:
     """The units the softmax spans with model.output_vocab target: those the splits' targets use.
 
@@ -228,12 +193,13 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
           tcfg: TrainConfig, live_dir: Path | None = None, resume: bool = False,
           progress_bar: bool = True) -> dict[str, Any]:
     """Train to max_steps / the time budget; returns the final step, seconds and metrics."""
+    allocator.keep_freed_memory()
     rank, world, device = dist.init()
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
-    precision = dist.resolve_precision(tcfg.precision, device, "train.precision")
+    precision = resolve_precision(tcfg.precision, device, "train.precision")
     vocab, sha = load_tokenizer(tokenizer_dir).get_vocab_size(), tokenizer_sha256(tokenizer_dir)
     train_set = load_split(shards_dir, "train", sha)
     valid_set = load_split(shards_dir, "valid", sha)
@@ -247,131 +213,56 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
             "output_ids": None if ids is None else ids.tolist()}
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
-    model = Transformer(mcfg, vocab, ids).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
-                           eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)  # §5.3
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    dist.print0(f"training in {precision} on {device}")
-
-    def autocast() -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights stay fp32
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
-
+    learner = Learner(mcfg, tcfg, vocab, ids, device, precision)
+    model, opt, scaler = learner.model, learner.opt, learner.scaler
     ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
     sampler = BatchSampler(train_set.src_lens, train_set.tgt_lens, tcfg.max_tokens, tcfg.seed,
                            rank=rank, world_size=world)
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
-    finished = bool(ckpt and ckpt.get("final", True))  # checkpoints before the flag: the last
-    del ckpt
+    clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
+    del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
-    ddp = dist.wrap(WithLoss(model), device)
-    live = open_live(live_dir, step)
-    max_steps = tcfg.max_steps if tcfg.max_steps > 0 else sys.maxsize
-    if finished and 0 < 60 * tcfg.time_budget_minutes <= seconds:
-        max_steps = step  # resumed at this budget's last checkpoint: nothing left to train
-    # (a periodic checkpoint past the budget: the run went on to one more step, the final one;
-    # so does its resume, whose first step finds the budget spent)
-    bar = tqdm(total=tcfg.max_steps or None, initial=step, disable=not (progress_bar and rank == 0),
-               unit="step", dynamic_ncols=True)
-    cpu = dist.CpuShare() if device.type == "cpu" and world == 1 else None
-    t_start, t_saved, t_log = time.monotonic(), time.monotonic(), time.monotonic()
-    base_seconds, log = seconds, torch.zeros(3, dtype=torch.float64)  # loss, nll, tokens
-    metrics: dict[str, float] = {}
+    alone_on_cpu = device.type == "cpu" and world == 1
+    report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu)
+    losses = LossSums(device, step)
     model.train()
-    while step < max_steps:
+    while not clock.stop:
         step += 1
-        seconds = base_seconds + time.monotonic() - t_start
-        lr = rate(step, tcfg, mcfg.d_model, progress_of(step - 1, seconds, tcfg))
-        for g in opt.param_groups:
-            g["lr"] = lr
         batches = [next(stream) for _ in range(tcfg.update_freq)]
         pos = batches[-1][0]  # the data position after this update, for the checkpoint
-        # one collective for the update's target tokens (all ranks and micro-batches, so that
-        # the loss is normalised per token of the whole update) and rank 0's clock decisions
-        now = time.monotonic()
-        ctl = torch.tensor([sum(int(b.tgt_out.ne(PAD_ID).sum()) for _, b in batches),
-                            float(rank == 0 and tcfg.save_every_minutes > 0
-                                  and now - t_saved >= 60 * tcfg.save_every_minutes),
-                            float(rank == 0 and tcfg.time_budget_minutes > 0
-                                  and seconds >= 60 * tcfg.time_budget_minutes)],
-                           dtype=torch.float64, device=device)
-        n_tokens, save_clock, out_of_time = dist.all_reduce_sum(ctl).tolist()
-        sums = torch.zeros(2, dtype=torch.float64, device=device)
-        for i, (_, b) in enumerate(batches):
-            last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or world == 1 else ddp.no_sync()
-            with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
-                with autocast():
-                    loss, nll = ddp(b.src.to(device), b.tgt_in.to(device), b.tgt_out.to(device),
-                                    tcfg.label_smoothing)
-                # DDP averages over ranks: x world / n_tokens gives the per-token mean gradient
-                scaler.scale(loss * (world / n_tokens)).backward()
-            sums += torch.stack([loss.detach().double(), nll.detach().double()])
-        if tcfg.clip_norm > 0:
-            scaler.unscale_(opt)
-            nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_norm)
-        loss_sum, nll_sum = dist.all_reduce_sum(sums).tolist()
-        if not math.isfinite(loss_sum):  # every rank sees the same sum: all stop together
-            raise NonFiniteLoss(f"non-finite loss ({loss_sum}) at step {step}; stopping before "
-                                f"any checkpoint of it is written")
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        log += torch.tensor([loss_sum, nll_sum, n_tokens], dtype=torch.float64)
-        bar.update(1)
+        n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
+        lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1))
+        losses.add(learner.step([b for _, b in batches], n_tokens, lr), n_tokens)
+        report.bar.update(1)
 
-        final = step >= max_steps or out_of_time > 0
-        logged: dict[str, float] = {}
-        if step % max(tcfg.log_every_steps, 1) == 0 or final:
-            dt, t_log = time.monotonic() - t_log, time.monotonic()
-            logged.update({"train/loss": log[0].item() / log[2].item(),
-                            "train/nll": log[1].item() / log[2].item(), "train/lr": lr,
-                            "train/tokens_per_s": log[2].item() / dt,
-                            "train/seconds": base_seconds + time.monotonic() - t_start})
-            log.zero_()
-            if cpu is not None:  # a shared CPU explains a slow run: logged, and warned of
-                share = cpu.sample()
-                logged.update({f"train/cpu_{k}": x for k, x in share.items()})
-                if (warning := cpu.warning(share)) is not None:
-                    bar.write(warning)
-            bar.set_postfix(loss=f"{logged['train/loss']:.3f}", lr=f"{lr:.2e}",
-                            tok_s=f"{logged['train/tokens_per_s']:.0f}")
-        if (tcfg.valid_every_steps > 0 and step % tcfg.valid_every_steps == 0) or final:
-            v = evaluate(model, valid_set, tcfg, device, autocast)
+        logging, validating = clock.should_log(step), clock.should_validate(step)
+        saving = clock.should_save(step)
+        if not (logging or validating or saving):
+            continue  # nothing read back: on a GPU the host runs ahead to the next update
+        losses.read(step)
+        logged = report.train_metrics(losses.take(), lr, clock.seconds()) if logging else {}
+        if validating:
+            v = validate(model, valid_set, tcfg, device, learner.autocast)
             logged.update({f"valid/{k}": x for k, x in v.items()})
-            t_log = time.monotonic()  # validation time is not training throughput
-        metrics.update(logged)
-        if live is not None and logged:
-            live.step = step
-            for k, x in logged.items():
-                live.log_metric(k, x)
-            live.next_step()
-        seconds = base_seconds + time.monotonic() - t_start
-        if final or save_clock > 0 or (tcfg.save_every_steps > 0
-                                       and step % tcfg.save_every_steps == 0):
-            ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, final)
+            report.pause()
+        report.log(step, logged)
+        seconds = clock.seconds()
+        if saving:
+            ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
-                bar.write(f"step {step}: saved {path}")
-            t_saved = time.monotonic()
-        if final:
-            break
-    bar.close()
+                report.bar.write(f"step {step}: saved {path}")
+            clock.saved()
     # nothing trained (the run was already done) and its curves gone (a clone that pulled the
     # checkpoints only): log where it stands, so that the stage's metrics and plots exist again.
-    # Rank 0 decides: every rank must join evaluate's all-reduce, or none.
-    if not metrics and dist.broadcast_object(
-            live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))):
-        v = evaluate(model, valid_set, tcfg, device, autocast)
-        if live is not None:
-            live.step = step
-            for k, x in v.items():
-                live.log_metric(f"valid/{k}", x)
-            live.next_step()
-    if live is not None:
-        live.end()
-    return {"step": step, "train_seconds": seconds, **metrics}
+    # Rank 0 decides: every rank must join validate's all-reduce, or none.
+    if not report.metrics and dist.broadcast_object(
+            report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))):
+        v = validate(model, valid_set, tcfg, device, learner.autocast)
+        report.log(step, {f"valid/{k}": x for k, x in v.items()})
+    report.close()
+    return {"step": step, "train_seconds": seconds, **report.metrics}
 
 
 def main(argv: list[str] | None = None) -> None:

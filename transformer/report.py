@@ -1,0 +1,70 @@
+"""What a training run reports: its progress bar, its dvclive metrics and plots (rank 0), and,
+training alone on a CPU, the cores other processes take from it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from transformer import dist
+from transformer.cpu_share import CpuShare
+
+
+def open_live(live_dir: Path | None, resumed_step: int):
+    """dvclive on rank 0; on resume, rows logged after the checkpoint are dropped (redone)."""
+    if live_dir is None or not dist.is_main():
+        return None
+    from dvclive import Live
+
+    if resumed_step:
+        for tsv in Path(live_dir, "plots", "metrics").rglob("*.tsv"):
+            lines = tsv.read_text().splitlines(keepends=True)
+            col = lines[0].rstrip("\n").split("\t").index("step") if lines else 0
+            keep = lines[:1] + [ln for ln in lines[1:] if int(ln.split("\t")[col]) <= resumed_step]
+            tsv.write_text("".join(keep))
+    return Live(str(live_dir), resume=bool(resumed_step), save_dvc_exp=False, dvcyaml=None)
+
+
+class Report:
+    """A run's numbers: the progress bar and dvclive (rank 0), and, alone on a CPU, a watch on the
+    cores other processes take (a shared CPU explains a slow run: logged, and warned of)."""
+
+    def __init__(self, live_dir: Path | None, step: int, total: int, show: bool, cpu: bool):
+        self.bar = tqdm(total=total or None, initial=step, disable=not (show and dist.is_main()),
+                        unit="step", dynamic_ncols=True)
+        self.live, self.cpu = open_live(live_dir, step), CpuShare() if cpu else None
+        self.since = time.monotonic()  # training time since the last log, for tokens/s
+        self.metrics: dict[str, float] = {}
+
+    def train_metrics(self, taken: dict[str, float], lr: float, seconds: float) -> dict[str, float]:
+        """The log point's train/* metrics from LossSums.take()."""
+        dt, self.since = time.monotonic() - self.since, time.monotonic()
+        out = {"train/loss": taken["train/loss"], "train/nll": taken["train/nll"],
+               "train/lr": lr, "train/tokens_per_s": taken["tokens"] / dt, "train/seconds": seconds}
+        if self.cpu is not None:
+            share = self.cpu.sample()
+            out.update({f"train/cpu_{k}": x for k, x in share.items()})
+            if (warning := self.cpu.warning(share)) is not None:
+                self.bar.write(warning)
+        self.bar.set_postfix(loss=f"{out['train/loss']:.3f}", lr=f"{lr:.2e}",
+                             tok_s=f"{out['train/tokens_per_s']:.0f}")
+        return out
+
+    def pause(self) -> None:
+        """Time spent since (validating) is not training throughput."""
+        self.since = time.monotonic()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.metrics.update(metrics)
+        if self.live is not None and metrics:
+            self.live.step = step
+            for k, x in metrics.items():
+                self.live.log_metric(k, x)
+            self.live.next_step()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.live is not None:
+            self.live.end()

@@ -1,0 +1,120 @@
+"""Exact resume: which checkpoint a run continues from, and what a training checkpoint holds.
+
+A run continues from the newest checkpoint in its directory only if a fresh run with today's
+params.yaml would pass through it (same model, tokenizer, shards, batching, rate, ...); then it
+restores the weights, Adam, the schedule, every rank's RNG and the data position, and ends with
+the same weights as an uninterrupted run (CPU, same process count). Otherwise the old checkpoints
+are removed and the run starts afresh. Only rank 0 writes checkpoints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer import checkpoint, dist
+from transformer.files import remove_partial_writes
+
+# train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
+# only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
+# so that the result is always what a fresh run with today's params.yaml would give.
+RESUME_FREE_KEYS = frozenset({"max_steps", "time_budget_minutes", "valid_every_steps",
+                              "log_every_steps", "threads", "keep_last", "save_every_steps",
+                              "save_every_minutes"})
+
+
+def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]:
+    """(newest checkpoint to continue from, or None, and why not)."""
+    paths = checkpoint.list_checkpoints(ckpt_dir)
+    if not paths:
+        return None, "no checkpoint"
+    ckpt = checkpoint.load(paths[-1])
+    for key, want in meta.items():
+        have = ckpt.get(key)
+        if key == "train_config" and isinstance(have, dict):
+            # with a decay, max_steps / the budget shape the rate from the first step on
+            free = RESUME_FREE_KEYS if want["lr_decay"] == "none" else RESUME_FREE_KEYS - {
+                "max_steps", "time_budget_minutes"}
+            have = {k: v for k, v in have.items() if k not in free}
+            want = {k: v for k, v in want.items() if k not in free}
+        if have != want:
+            keys = sorted(k for k in want if have.get(k) != want[k]) if (
+                isinstance(have, dict) and isinstance(want, dict)) else []
+            return None, f"{paths[-1]}: {key} differs" + (f" {keys}" if keys else "")
+    max_steps = meta["train_config"]["max_steps"]
+    if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
+        return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
+    budget, seconds = meta["train_config"]["time_budget_minutes"], ckpt.get("train_seconds", 0.0)
+    before = (ckpt.get("train_config") or {}).get("time_budget_minutes") or 0.0
+    if 0 < budget < (before or float("inf")) and 60 * budget < seconds:
+        # a budget lowered below the time trained: a fresh run would stop sooner. (A finished
+        # run's last checkpoint is always a little past its own budget: that is not lowered.)
+        return None, (f"{paths[-1]}: {seconds:.0f} s of training are past the lowered "
+                      f"train.time_budget_minutes {budget:g}")
+    if "optimizer" not in ckpt:
+        return None, f"{paths[-1]}: not a training checkpoint (no optimizer state)"
+    return paths[-1], ""
+
+
+def make_checkpoint(model, opt, scaler, meta, step, seconds, data,
+                    final: bool) -> dict[str, Any] | None:
+    """The checkpoint dict on rank 0 (None elsewhere); every rank must call it (RNG gather)."""
+    rng = {"torch": torch.get_rng_state(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    rngs = dist.all_gather_object(rng)  # every rank's dropout stream, for an exact resume
+    if not dist.is_main():
+        return None
+    return {**meta, "model": model.state_dict(), "step": step, "train_seconds": seconds,
+            "final": final,  # the run's last: a resume at the same budget trains nothing
+            "optimizer": opt.state_dict(), "scheduler": {"step": step},
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "rng": rngs, "data": data}
+
+
+def write_checkpoint(ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int) -> Path:
+    path = checkpoint.step_path(ckpt_dir, ckpt["step"])
+    checkpoint.save(path, ckpt)
+    if keep_last > 0:  # the last K kept (§6.1 averages the last 5 or 20)
+        for old in checkpoint.list_checkpoints(ckpt_dir)[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def restore(ckpt: dict[str, Any], path: str, model, opt, scaler, sampler) -> tuple[int, float]:
+    """Load weights, Adam, scaler, data position and this rank's RNG; (step, seconds)."""
+    checkpoint.load_weights(model, ckpt, path)
+    opt.load_state_dict(ckpt["optimizer"])
+    if scaler.is_enabled() and ckpt.get("scaler"):
+        scaler.load_state_dict(ckpt["scaler"])
+    rng = ckpt["rng"][dist.rank()]
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    sampler.load_state_dict(ckpt["data"])
+    return int(ckpt["step"]), float(ckpt["train_seconds"])
+
+
+def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool
+                ) -> tuple[dict[str, Any] | None, str]:
+    """(checkpoint, its path), or (None, ""): rank 0 picks it; every rank gets it (from disk, or
+    broadcast if not shared). Only rank 0 looks: another rank could list a stale checkpoint as
+    rank 0 removes it."""
+    path = None
+    if dist.is_main():
+        path, why = (find_resume(ckpt_dir, meta) if resume else (None, "--resume not given"))
+        remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
+        stale = checkpoint.list_checkpoints(ckpt_dir)
+        if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
+            dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
+            for p in stale:
+                p.unlink()
+    path = dist.broadcast_object(str(path) if path else None)
+    if path is None:
+        return None, ""
+    visible = all(dist.all_gather_object(Path(path).is_file()))
+    ckpt = checkpoint.load(Path(path)) if visible or dist.is_main() else None
+    ckpt = ckpt if visible else dist.broadcast_object(ckpt)
+    dist.print0(f"resuming from {path} (step {ckpt['step']})")
+    return ckpt, path
