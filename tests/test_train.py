@@ -238,6 +238,33 @@ def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
     assert a["data"] == b["data"]
 
 
+def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed(corpus,
+                                                                                tmp_path):
+    """A checkpoint cut short (a full disk, a dying machine) must not stop an unattended retry:
+    it is named and moved aside, and the run continues from the one before, bit for bit."""
+    params = write_params(tmp_path / "params.yaml", max_steps=20, save_every_steps=5,
+                          keep_last=0, valid_every_steps=10, log_every_steps=5)
+    run(corpus, tmp_path / "full", params)
+    ckpts = tmp_path / "cut"
+    ckpts.mkdir()
+    for step in (5, 10, 15):
+        shutil.copy(checkpoint.step_path(tmp_path / "full", step), ckpts)
+    newest = checkpoint.step_path(ckpts, 15)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    out = run(corpus, ckpts, params, "--resume")
+    aside = ckpts / "unreadable" / newest.name
+    assert f"{newest}: not a readable checkpoint" in out and f"moved to {aside}" in out
+    assert f"resuming from {checkpoint.step_path(ckpts, 10)} (step 10)" in out
+    assert aside.is_file() and checkpoint.list_checkpoints(ckpts)[-1].name == "step_00000020.pt"
+    a = checkpoint.load(checkpoint.step_path(tmp_path / "full", 20))
+    b = checkpoint.load(checkpoint.step_path(ckpts, 20))
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    run(corpus, ckpts, write_params(tmp_path / "other.yaml", max_steps=5, lr_scale=1.0),
+        "--resume")  # another config starts fresh: the old run's unreadable files go too
+    assert not aside.parent.exists()
+
+
 def test_ctrl_c_names_the_checkpoint_to_resume_from(corpus, tmp_path):
     params = write_params(tmp_path / "params.yaml", max_steps=100000, save_every_steps=5)
     proc = run(corpus, tmp_path / "ck", params, wait=False)

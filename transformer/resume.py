@@ -9,12 +9,14 @@ are removed and the run starts afresh. Only rank 0 writes checkpoints.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from transformer import checkpoint, dist
+from transformer.checkpoint import CheckpointError
 from transformer.files import remove_partial_writes
 
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
@@ -25,12 +27,30 @@ RESUME_FREE_KEYS = frozenset({"max_steps", "time_budget_minutes", "valid_every_s
                               "save_every_minutes"})
 
 
+UNREADABLE = "unreadable"  # the subfolder of CKPT_DIR where unreadable checkpoints are moved
+
+
+def newest_readable(ckpt_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, and it. Newer ones that do not (truncated by a full
+    disk or a dying machine) are moved to CKPT_DIR/unreadable/, each named in a warning: a crashed
+    run's retry then continues from the checkpoint before instead of failing on it."""
+    for path in reversed(checkpoint.list_checkpoints(ckpt_dir)):
+        try:
+            return path, checkpoint.load(path)
+        except CheckpointError as e:
+            aside = Path(ckpt_dir) / UNREADABLE / path.name
+            aside.parent.mkdir(exist_ok=True)
+            path.replace(aside)
+            dist.print0(f"warning: {e}; moved to {aside}, resuming from the one before")
+    return None
+
+
 def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]:
-    """(newest checkpoint to continue from, or None, and why not)."""
-    paths = checkpoint.list_checkpoints(ckpt_dir)
-    if not paths:
-        return None, "no checkpoint"
-    ckpt = checkpoint.load(paths[-1])
+    """(newest readable checkpoint to continue from, or None, and why not)."""
+    found = newest_readable(ckpt_dir)
+    if found is None:
+        return None, "no readable checkpoint"
+    path, ckpt = found
     for key, want in meta.items():
         have = ckpt.get(key)
         if key == "train_config" and isinstance(have, dict):
@@ -42,20 +62,20 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
         if have != want:
             keys = sorted(k for k in want if have.get(k) != want[k]) if (
                 isinstance(have, dict) and isinstance(want, dict)) else []
-            return None, f"{paths[-1]}: {key} differs" + (f" {keys}" if keys else "")
+            return None, f"{path}: {key} differs" + (f" {keys}" if keys else "")
     max_steps = meta["train_config"]["max_steps"]
     if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
-        return None, f"{paths[-1]}: step {ckpt['step']} is past train.max_steps {max_steps}"
+        return None, f"{path}: step {ckpt['step']} is past train.max_steps {max_steps}"
     budget, seconds = meta["train_config"]["time_budget_minutes"], ckpt.get("train_seconds", 0.0)
     before = (ckpt.get("train_config") or {}).get("time_budget_minutes") or 0.0
     if 0 < budget < (before or float("inf")) and 60 * budget < seconds:
         # a budget lowered below the time trained: a fresh run would stop sooner. (A finished
         # run's last checkpoint is always a little past its own budget: that is not lowered.)
-        return None, (f"{paths[-1]}: {seconds:.0f} s of training are past the lowered "
+        return None, (f"{path}: {seconds:.0f} s of training are past the lowered "
                       f"train.time_budget_minutes {budget:g}")
     if "optimizer" not in ckpt:
-        return None, f"{paths[-1]}: not a training checkpoint (no optimizer state)"
-    return paths[-1], ""
+        return None, f"{path}: not a training checkpoint (no optimizer state)"
+    return path, ""
 
 
 def make_checkpoint(model, opt, scaler, meta, step, seconds, data,
@@ -110,6 +130,8 @@ def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool
             dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
             for p in stale:
                 p.unlink()
+        if path is None:  # the unreadable ones of the run that is being replaced
+            shutil.rmtree(Path(ckpt_dir) / UNREADABLE, ignore_errors=True)
     path = dist.broadcast_object(str(path) if path else None)
     if path is None:
         return None, ""
