@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
@@ -32,25 +33,26 @@ from flows.retrain import retrain
 RETRAIN_CRON = "0 3 * * 1"  # Mondays 03:00
 
 
-def deployments(cron: str = RETRAIN_CRON, preset: str = "demo",
-                overrides: list[str] | None = None) -> list:
-    by_module = {"entrypoint_type": EntrypointType.MODULE_PATH}  # flows.pipeline.pipeline
+def specs(cron: str = RETRAIN_CRON, preset: str = "demo",
+          overrides: list[str] | None = None) -> list[tuple[Any, str, dict[str, Any]]]:
+    """(flow, deployment name, deployment options) of each deployment; deploy.py's too."""
     one_at_a_time = ConcurrencyLimitConfig(limit=1,
                                            collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
     return [
-        pipeline.to_deployment("demo", parameters={"preset": "demo"}, **by_module),
-        pipeline.to_deployment(
-            "wmt14-en-de-base", parameters={"preset": "wmt14-en-de-base"}, **by_module
-        ),
-        retrain.to_deployment(
-            "retrain",
-            cron=cron,
-            parameters={"preset": preset, "overrides": list(overrides or [])},
-            concurrency_limit=one_at_a_time,
-            **by_module,
-        ),
-        promote.to_deployment("promote", **by_module),
+        (pipeline, "demo", {"parameters": {"preset": "demo"}}),
+        (pipeline, "wmt14-en-de-base", {"parameters": {"preset": "wmt14-en-de-base"}}),
+        (retrain, "retrain", {"cron": cron, "concurrency_limit": one_at_a_time,
+                              "parameters": {"preset": preset,
+                                             "overrides": list(overrides or [])}}),
+        (promote, "promote", {}),
     ]
+
+
+def deployments(cron: str = RETRAIN_CRON, preset: str = "demo",
+                overrides: list[str] | None = None) -> list:
+    """The deployments this process serves, its flows imported by module path."""
+    return [f.to_deployment(name, entrypoint_type=EntrypointType.MODULE_PATH, **options)
+            for f, name, options in specs(cron, preset, overrides)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,55 @@
+"""Register the deployments on a `process` work pool, for a Prefect worker on the GPU machine
+(under systemd, say) instead of `python -m flows.serve`:
+
+    prefect work-pool create gpu --type process        # once, on the server
+    python -m flows.deploy --pool gpu                  # the deployments, run from this checkout
+    prefect worker start --pool gpu                    # on the machine, a service (README)
+
+The deployments are serve.py's (the same names, parameters, schedule and concurrency limit),
+loaded from this checkout's folder, run with it as their working directory and with 30-second
+heartbeats; the crash-recovery automations are installed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flows import automations
+from flows.serve import RETRAIN_CRON, specs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def deploy(pool: str, project: Path = ROOT, cron: str = RETRAIN_CRON, preset: str = "demo",
+           overrides: list[str] | None = None) -> list[str]:
+    """Create or update every deployment on work pool `pool`; their names."""
+    from prefect import Flow
+
+    env = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(automations.HEARTBEAT_S)}
+    names = []
+    for f, name, options in specs(cron, preset, overrides):
+        entry = f"{f.fn.__module__.replace('.', '/')}.py:{f.fn.__name__}"
+        Flow.from_source(source=str(project), entrypoint=entry).deploy(
+            name, work_pool_name=pool, build=False, push=False, print_next_steps=False,
+            job_variables={"working_dir": str(project), "env": env}, **options)
+        names.append(f"{f.name}/{name}")
+    automations.install()
+    return names
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pool", required=True, help="a work pool of type process")
+    parser.add_argument("--cron", default=RETRAIN_CRON, help="the retrain schedule")
+    parser.add_argument("--retrain-preset", default="demo", help="the retrain recipe's preset")
+    parser.add_argument("--retrain-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the retrain recipe (repeatable)")
+    args = parser.parse_args(argv)
+    for name in deploy(args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override):
+        print(f"deployment {name} on work pool {args.pool}")
+
+
+if __name__ == "__main__":
+    main()
