@@ -343,3 +343,27 @@ def artifact(run: str, key: str):
             )
         )
     return json.loads(found.data) if found.type == "table" else found.data
+
+
+def run_logs(run: str) -> list[str]:
+    """Every log line of flow run `run`, as Prefect stored them."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    out, offset = [], 0
+    with client() as c:
+        while batch := c.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run])), limit=200, offset=offset
+        ):
+            out += [log.message for log in batch]
+            offset += len(batch)
+    return out
+
+
+def wait_until(what: str, check, timeout: float = 600.0):
+    """Poll `check()` until it returns something truthy; fail naming `what` (no timing asserted)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}")

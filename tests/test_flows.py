@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,10 @@ from prefect_fixtures import (
     dvc_json,
     make_toy,
     run_id,
+    run_logs,
     served,
     sh,
+    wait_until,
 )
 
 from flows.dag import Stage, generations, locked_outs, read_dag
@@ -100,32 +101,13 @@ def flow_run(run: str):
         return c.read_flow_run(run)
 
 
-def wait_until(what: str, check, timeout: float = 240.0):
-    """Poll `check()` until it returns something truthy; fail naming `what` (no timing asserted)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
 def finished(run: str):
     return wait_until(f"run {run} to finish",
                       lambda: flow_run(run).state.type.value in TERMINAL and flow_run(run))
 
 
 def logs(run: str) -> str:
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    out, offset = [], 0
-    with client() as c:
-        while batch := c.read_logs(
-            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run])), limit=200, offset=offset
-        ):
-            out += [log.message for log in batch]
-            offset += len(batch)
-    return "\n".join(out)
+    return "\n".join(run_logs(run))
 
 
 def untouched(project: Served) -> None:

@@ -18,8 +18,10 @@ from prefect_fixtures import (
     dvc_json,
     git_init,
     run_id,
+    run_logs,
     served,
     sh,
+    wait_until,
 )
 
 from flows.workspace import WORKSPACE
@@ -66,30 +68,6 @@ def state(run: str):
         return c.read_flow_run(run).state
 
 
-def until(what: str, check, timeout: float = 600.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def logs(run: str) -> list[str]:
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    out, offset = [], 0
-    with client() as c:
-        while batch := c.read_logs(
-            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run])), limit=200, offset=offset
-        ):
-            out += [log.message for log in batch]
-            offset += len(batch)
-    return out
-
-
 @pytest.mark.slow
 def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
                                                        tmp_path: Path) -> None:
@@ -103,22 +81,22 @@ def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
         table = {row["field"]: row["value"] for row in artifact(first, "lineage")}
         assert "missing" not in table, table  # every lineage key found in the real metrics
         assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
-        assert len(logs(first)) <= 150  # progress bars reach the log at a bounded rate
+        assert len(run_logs(first)) <= 150  # progress bars reach the log at a bounded rate
         # a longer run, killed with its serve process once it has written checkpoints
         longer = [*TINY[:-5], "train.max_steps=60", "train.save_every_steps=10",
                   "train.valid_every_steps=30", "average.last_k=2", "decode.beam_size=1"]
         r = deployment_run(prefect_server, "pipeline/demo", "-p",
                            f"overrides={json.dumps(longer)}", watch=False)
         run = run_id(r.stdout)
-        until("a checkpoint of the longer run",
+        wait_until("a checkpoint of the longer run",
               lambda: (ws / "data/checkpoints/step_00000020.pt").exists())
         serve.kill()
         serve.wait()
-    until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
+    wait_until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
     with served(project, prefect_server):
-        until("the resumed run to finish", lambda: state(run).type.value in TERMINAL)
+        wait_until("the resumed run to finish", lambda: state(run).type.value in TERMINAL)
     assert state(run).is_completed(), state(run)
-    text = "\n".join(logs(run))
+    text = "\n".join(run_logs(run))
     assert "resuming from data/checkpoints/step_000000" in text
     assert (project / "params.yaml").read_bytes() == params
     assert sh("git", "status", "--porcelain", cwd=project) == ""

@@ -1,0 +1,388 @@
+"""Soak test of unattended retraining: retrain cycles back to back, with faults injected.
+
+    python benchmarks/soak.py --workdir /tmp/soak --cycles 30 [--seed 1] [--fault-rate 0.33]
+
+Everything is real and local: a Prefect server on 127.0.0.1; `python -m flows.serve`, restarted
+whenever it dies (as systemd's Restart=always would); a corpus server on 127.0.0.1 that the
+`wmt` source downloads from; and a git clone of this checkout (its committed code) with a
+`soak` preset: the demo's synthetic corpus served as files, a small model, a few dozen steps.
+Before each cycle the train split changes (a new snapshot; valid and test stay), then
+`retrain/retrain` runs with the deployment's own recipe, as its cron schedule would. A share of
+the cycles (--fault-rate) gets one fault, drawn at random:
+
+- kill: kill -9 of the serve process while a stage runs;
+- http500: the corpus server answers 500 to the next few requests;
+- drop: it drops the connection half-way through the next few bodies;
+- corrupt: a shard in the run workspace is overwritten with garbage once the shard stage has
+  written it (the train stage then refuses it: its sha256 no longer matches);
+- full: the project's file system (a tmpfs, so root only) is filled for 20 s during a stage.
+
+It prints a table of the cycles and checks what an unattended run must leave: no run left
+Running, Pending or rescheduled; every cycle Completed (after its automatic retries) or Failed
+with a named cause; the champion's BLEU never lower than the previous champion's; no lock held,
+no DVC temporary workspace, half-written folder or stage process left; the checkout unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+FAULTS = ("kill", "http500", "drop", "corrupt", "full")
+FINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+PRESET = """# The soak test's recipe (benchmarks/soak.py): the demo, served over HTTP, trained briefly.
+download:
+  source: wmt
+  retries: 4
+  backoff: 0.5
+  timeout: 10
+  splits:
+    train: [{{path: "{url}/train.{{lang}}", name: snapshot}}]
+    valid: [{{path: "{url}/valid.{{lang}}", name: valid}}]
+    test: [{{path: "{url}/test.{{lang}}", name: test}}]
+tokenizer: {{vocab_size: 1000}}
+model: {{d_model: 64, d_ff: 256, n_heads: 4, n_layers: 2}}
+train: {{max_steps: 60, warmup_steps: 40, save_every_steps: 20, valid_every_steps: 30,
+        log_every_steps: 10, threads: 1}}
+average: {{last_k: 2}}
+decode: {{beam_size: 2, batch_tokens: 2048}}
+"""
+
+
+class Corpus(BaseHTTPRequestHandler):
+    """GET /NAME: the corpus files; `faults` holds how many requests still fail, and how."""
+
+    files: ClassVar[dict[str, bytes]] = {}
+    faults: ClassVar[dict[str, int]] = {"http500": 0, "drop": 0}
+    served: ClassVar[dict[str, int]] = {"ok": 0, "http500": 0, "drop": 0}
+    lock = threading.Lock()
+
+    def do_GET(self) -> None:
+        data = self.files.get(self.path.lstrip("/"))
+        if data is None:
+            self.send_error(404)
+            return
+        with self.lock:
+            fault = next((k for k, n in self.faults.items() if n > 0), None)
+            if fault:
+                self.faults[fault] -= 1
+            self.served[fault or "ok"] += 1
+        if fault == "http500":
+            self.send_error(500, "simulated outage")
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("ETag", f'"{hash(data) & 0xFFFFFFFF:x}"')
+        self.end_headers()
+        if fault == "drop":
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def snapshot(cycle: int, pairs: int) -> dict[str, bytes]:
+    """The corpus of cycle `cycle`: fixed valid/test, a train split that changes every cycle."""
+    from transformer.config import SyntheticConfig
+    from transformer.synthetic import generate
+
+    fixed = generate(SyntheticConfig(train=1, valid=200, test=200, seed=0))
+    train = generate(SyntheticConfig(train=pairs, valid=1, test=1, seed=1000 + cycle))["train"]
+    out = {}
+    for split, rows in (("train", train), ("valid", fixed["valid"]), ("test", fixed["test"])):
+        for i, lang in enumerate(("en", "de")):
+            out[f"{split}.{lang}"] = "".join(r[i] + "\n" for r in rows).encode()
+    return out
+
+
+class Supervisor:
+    """`python -m flows.serve` in the project, restarted within a second whenever it dies."""
+
+    def __init__(self, project: Path, env: dict[str, str], logs: Path):
+        self.project, self.env, self.logs = project, env, logs
+        self.proc: subprocess.Popen | None = None
+        self.starts, self.stopping = 0, False
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while not self.stopping:
+            if self.proc is None or self.proc.poll() is not None:
+                self.starts += 1
+                log = open(self.logs / f"serve-{self.starts}.log", "w")  # noqa: SIM115
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "flows.serve", "--retrain-preset", "soak",
+                     "--cron", "0 0 1 1 *"], cwd=self.project, env=self.env, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True)
+            time.sleep(1.0)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            os.kill(self.proc.pid, 9)
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.thread.join()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 2)
+            self.proc.wait(60)
+
+
+def stage_running(ws: Path) -> bool:
+    """Whether a stage process (its working directory is the run workspace) is running."""
+    root = str(ws.resolve())
+    for pid in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(pid / "cwd").startswith(root):
+                return True
+    return False
+
+
+def inject(fault: str, sup: Supervisor, ws: Path, fs: Path, rng: random.Random,
+           log: list[str], since: float) -> None:
+    """Carry out `fault` during the cycle that started at time.time() `since` (a thread)."""
+    if fault in ("http500", "drop"):
+        Corpus.faults[fault] = 3
+        log.append(f"{fault}: the next 3 requests")
+        return
+    deadline = time.monotonic() + 600
+    if fault == "corrupt":
+        index = ws / "data/shards/train/index.json"
+        while time.monotonic() < deadline and not (
+                index.exists() and index.stat().st_mtime > since):
+            time.sleep(0.05)
+        corrupt(ws, log)
+        return
+    while not stage_running(ws) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(rng.uniform(1.0, 15.0))
+    if fault == "kill":
+        sup.kill()
+        log.append("kill -9 of the serve process")
+    elif fault == "full":
+        free = shutil.disk_usage(fs).free
+        filler = fs / "filler"
+        with open(filler, "wb") as f, contextlib.suppress(OSError):  # ENOSPC: full, as wanted
+            while chunk := min(free, 1 << 24):
+                f.write(b"\0" * chunk)
+                free -= chunk
+        log.append(f"disk full for 20 s ({shutil.disk_usage(fs).free} bytes left)")
+        time.sleep(20)
+        filler.unlink()
+
+
+def corrupt(ws: Path, log: list[str]) -> None:
+    shards = sorted((ws / "data/shards/train").glob("*.bin"))
+    if not shards:
+        log.append("corrupt: no shard yet")
+        return
+    victim = shards[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = os.urandom(64)
+    victim.unlink()  # a new file: a link into DVC's cache must not be written through
+    victim.write_bytes(bytes(data))
+    log.append(f"corrupt: {victim.relative_to(ws)} overwritten")
+
+
+def wait_final(run: str, timeout: float) -> object:
+    """The run once it is final: Completed/Failed/Cancelled, or Crashed and left so for 60 s."""
+    from prefect.client.orchestration import get_client
+
+    deadline, crashed_since = time.monotonic() + timeout, None
+    with get_client(sync_client=True) as c:
+        while time.monotonic() < deadline:
+            fr = c.read_flow_run(run)
+            kind = fr.state.type.value
+            if kind in FINAL:
+                return fr
+            crashed_since = (crashed_since or time.monotonic()) if kind == "CRASHED" else None
+            if crashed_since and time.monotonic() - crashed_since > 60:
+                return fr
+            time.sleep(2)
+    raise TimeoutError(f"flow run {run} not final after {timeout:.0f} s")
+
+
+def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", "DVC_NO_ANALYTICS": "1",
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                             "127.0.0.1", "--port", str(port)], env=env,
+                            stdout=open(home / "server.log", "w"),  # noqa: SIM115
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    import urllib.request
+
+    for _ in range(600):
+        with contextlib.suppress(OSError):
+            if urllib.request.urlopen(f"{env['PREFECT_API_URL']}/health", timeout=2).status == 200:
+                return proc, env
+        time.sleep(0.2)
+    raise RuntimeError(f"the Prefect server did not start: {home / 'server.log'}")
+
+
+def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
+    """(the project, its file system's mount point, whether that is a tmpfs of its own)."""
+    fs = workdir / "fs"
+    fs.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(fs)],
+                             capture_output=True, check=False).returncode == 0
+    project = fs / "project"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
+    (project / "presets/soak.yaml").write_text(PRESET.format(url=url))
+    for cmd in (["git", "add", "presets/soak.yaml"],
+                ["git", "-c", "user.name=soak", "-c", "user.email=soak@localhost", "commit",
+                 "-qm", "the soak preset"],
+                ["git", "config", "user.name", "soak"],
+                ["git", "config", "user.email", "soak@localhost"]):
+        subprocess.run(cmd, cwd=project, check=True)
+    return project, fs, mounted
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, required=True, help="a new folder for everything")
+    ap.add_argument("--cycles", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fault-rate", type=float, default=1 / 3)
+    ap.add_argument("--pairs", type=int, default=4000, help="train pairs per snapshot")
+    ap.add_argument("--fs-mb", type=int, default=3000, help="size of the project's tmpfs")
+    ap.add_argument("--cycle-timeout", type=float, default=1800.0)
+    args = ap.parse_args(argv)
+    if args.workdir.exists():
+        sys.exit(f"error: {args.workdir} exists; give a new folder")
+    rng = random.Random(args.seed)
+    (home := args.workdir / "prefect").mkdir(parents=True)
+    server, env = start_server(home)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Corpus)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    project, fs, mounted = setup(args.workdir, url, args.fs_mb)
+    faults = FAULTS if mounted else tuple(f for f in FAULTS if f != "full")
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("PREFECT_", "DVC_"))})
+    params_before = (project / "params.yaml").read_bytes()
+    ws = project / ".dvc/tmp/flows/workspace"
+    sup = Supervisor(project, env, args.workdir)
+    rows, champions = [], []
+    try:
+        for cycle in range(1, args.cycles + 1):
+            rows.append(one_cycle(cycle, args, rng, faults, sup, ws, fs, project))
+            champions.append(rows[-1]["champion_bleu"])
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        sup.stop()
+        report = checks(rows, champions, project, ws, params_before, sup, mounted)
+        (args.workdir / "soak.json").write_text(json.dumps(report, indent=1, default=str))
+        print_table(report)
+        httpd.shutdown()
+        os.killpg(server.pid, 2)
+        server.wait(60)
+        if mounted:
+            subprocess.run(["umount", "-l", str(fs)], check=False)
+    sys.exit(0 if report["ok"] else 1)
+
+
+def one_cycle(cycle, args, rng, faults, sup, ws, fs, project) -> dict:
+    from prefect.deployments import run_deployment
+
+    from flows import registry
+
+    Corpus.files = snapshot(cycle, args.pairs)
+    fault = rng.choice(faults) if rng.random() < args.fault_rate else None
+    log: list[str] = []
+    t0, since = time.monotonic(), time.time()
+    fr = run_deployment("retrain/retrain", timeout=0)
+    if fault:
+        threading.Thread(target=inject, args=(fault, sup, ws, fs, rng, log, since),
+                         daemon=True).start()
+    final = wait_final(str(fr.id), args.cycle_timeout)
+    champion = registry.champion(project)
+    return {"cycle": cycle, "fault": fault, "fault_log": log, "state": final.state.type.value,
+            "message": (final.state.message or "")[:300], "attempts": final.run_count,
+            "seconds": round(time.monotonic() - t0, 1),
+            "champion": champion and champion.get("version"),
+            "champion_bleu": champion and champion.get("bleu"), "run": str(fr.id)}
+
+
+def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
+    """What an unattended run must leave behind, each check named."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState
+    from prefect.client.schemas.filters import FlowRunFilterStateType as Types
+
+    with get_client(sync_client=True) as c:
+        open_runs = [r for r in c.read_flow_runs(flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=Types(any_=["RUNNING", "PENDING", "SCHEDULED"]))))
+            if not r.auto_scheduled]
+    bleus = [b for b in champions if b is not None]
+    with open(project / ".dvc/tmp/flows.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock_free = True
+        except BlockingIOError:
+            lock_free = False
+    rwlock = ws / ".dvc/tmp/rwlock"
+    leftovers = [str(p) for p in (*ws.glob("data/.*.tmp"), *ws.glob("data/**/.*.tmp"),
+                                  *project.glob(".dvc/tmp/exps/tmp*"))]
+    named = [r for r in rows if r["state"] != "COMPLETED" and "failed" not in r["message"]
+             and "giving up" not in r["message"]]
+    results = {
+        "no run left open": not open_runs,
+        "every cycle Completed or Failed with a named cause": not named and all(
+            r["state"] in ("COMPLETED", "FAILED") for r in rows),
+        "the champion's BLEU never fell": all(a <= b for a, b in itertools.pairwise(bleus)),
+        "the workspace lock is free": lock_free,
+        "no DVC lock held": not rwlock.exists() or json.loads(rwlock.read_text() or "{}") in (
+            {}, {"read": {}, "write": {}}),
+        "no temporary folder left": not leftovers,
+        "no stage process left": not stage_running(ws),
+        "the checkout unchanged": (project / "params.yaml").read_bytes() == params_before
+        and subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True,
+                           text=True, check=True).stdout == "",
+    }
+    return {"ok": all(results.values()), "checks": results, "cycles": rows,
+            "serve_starts": sup.starts, "corpus_requests": Corpus.served,
+            "open_runs": [str(r.id) for r in open_runs], "leftovers": leftovers,
+            "disk_full_tested": mounted}
+
+
+def print_table(report: dict) -> None:
+    print("\n| cycle | fault | final state | attempts | seconds | champion (BLEU) |")
+    print("|---|---|---|---|---|---|")
+    for r in report["cycles"]:
+        print(f"| {r['cycle']} | {r['fault'] or ''} | {r['state']} | {r['attempts']} | "
+              f"{r['seconds']:.0f} | {r['champion']} ({r['champion_bleu']}) |")
+    done = [r for r in report["cycles"] if r["state"] == "COMPLETED"]
+    print(f"\n{len(done)} of {len(report['cycles'])} cycles Completed; serve started "
+          f"{report['serve_starts']} times; corpus requests {report['corpus_requests']}")
+    for name, ok in report["checks"].items():
+        print(f"  [{'ok' if ok else 'FAILED'}] {name}")
+
+
+if __name__ == "__main__":
+    main()
