@@ -387,6 +387,35 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict,
 
 
 @pytest.mark.slow
+def test_retrain_considers_code_and_recipe_changes_and_runs_queue(project, prefect_server: dict,
+                                                                 controls: dict) -> None:
+    """Not only new data: a commit that changes the code, or another recipe, is a candidate
+    too. Two runs started at once take turns in the one workspace, each with its own recipe."""
+    from flows.retrain import retrain
+
+    toy = project.path
+    with open(toy / "transformer/files.py", "a") as f:
+        f.write("# a change of the code the pipeline runs\n")
+    sh("git", "commit", "-qam", "a code change", cwd=toy)
+    out = retrain(preset="demo", project=str(toy))
+    assert out["retrained"] and out["reason"].startswith("code_hash changed;"), out["reason"]
+    assert not out["promoted"] and "does not beat champion 60.00" in out["reason"]
+    out = retrain(preset="demo", overrides=["train.max_steps=500"], project=str(toy))
+    # against the champion, made before the code change: both differ
+    assert out["reason"].startswith("code_hash, params_sha256 changed;"), out["reason"]
+    assert not out["promoted"] and out["candidate"]["overrides"] == ["train.max_steps=500"]
+    runs = [run_id(deployment_run(prefect_server, "pipeline/demo", "-p",
+                                  f'overrides=["train.max_steps={n}"]', watch=False).stdout)
+            for n in (40, 50)]
+    for each, n in zip(runs, (40, 50)):
+        assert finished(each).state.is_completed()
+        table = {row["field"]: row["value"] for row in artifact(each, "lineage")}
+        assert table["overrides"] == f"['train.max_steps={n}']" and table["bleu"] == str(n / 10)
+    assert any("another flow run holds the workspace; waiting" in logs(r) for r in runs)
+    untouched(project)
+
+
+@pytest.mark.slow
 def test_a_failed_run_names_its_cause_and_changes_nothing(project, prefect_server: dict,
                                                           controls: dict) -> None:
     r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
