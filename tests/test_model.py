@@ -103,12 +103,15 @@ def reference_loss(logits, tgt_out, eps):
             F.cross_entropy(x, y, ignore_index=0, reduction="sum"))
 
 
-def test_model_loss_equals_forward_plus_cross_entropy_and_grad():
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("counted", [False, True])  # n_targets given: rows picked sync-free
+def test_model_loss_equals_forward_plus_cross_entropy_and_grad(fused, counted):
     m = tiny()
+    m.fused_loss = fused
     src, tgt = batch()
     tgt_out = torch.roll(tgt, -1, 1)
     tgt_out[tgt == 0] = 0
-    loss, nll = m.loss(src, tgt, tgt_out, 0.1)
+    loss, nll = m.loss(src, tgt, tgt_out, 0.1, int(tgt_out.ne(0).sum()) if counted else None)
     ref, ref_nll = reference_loss(m(src, tgt), tgt_out, 0.1)
     torch.testing.assert_close((loss, nll), (ref, ref_nll))
     params = [p for p in m.parameters() if p.requires_grad]

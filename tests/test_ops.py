@@ -14,9 +14,13 @@ from transformer.ops import dropout, keep_mask, output_loss
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("lanes", [True, False])  # ops' own mask, or F.dropout (LANE_DROPOUT)
 @pytest.mark.parametrize("p", [0.1, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dropout_rate_scale_and_gradient(p, dtype):
+def test_dropout_rate_scale_and_gradient(p, dtype, lanes, monkeypatch):
+    from transformer import ops
+
+    monkeypatch.setattr(ops, "LANE_DROPOUT", {"cpu"} if lanes else set())
     torch.manual_seed(0)
     x = torch.ones(400, 1000, dtype=dtype, requires_grad=True)
     y = dropout(x, p, training=True)

@@ -273,13 +273,20 @@ class Transformer(nn.Module):
         memory, src_pad_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_pad_mask)
 
-    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
-             eps: float) -> tuple[Tensor, Tensor]:
-        """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V."""
+    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float,
+             n_targets: int | None = None) -> tuple[Tensor, Tensor]:
+        """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V.
+
+        n_targets: their count, when the caller knows it on the host. A GPU then picks the rows
+        without waiting for the forward pass (a boolean index must, to learn its size)."""
         memory, src_pad_mask = self.encode(src)
         h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
         keep = tgt_out.ne(PAD_ID)
-        h, target = h[keep], tgt_out[keep]  # (N, D), (N,): the V-sized GEMM skips padding
+        if n_targets is None:
+            h, target = h[keep], tgt_out[keep]  # (N, D), (N,): the V-sized GEMM skips padding
+        else:
+            rows = keep.flatten().nonzero_static(size=n_targets).squeeze(1)  # (N,)
+            h, target = h.flatten(0, 1)[rows], tgt_out.flatten()[rows]
         if self.output_ids is not None:  # ids -> rows of output_matrix()
             ids, target = target, torch.searchsorted(self.output_ids, target)
             outside = self.output_ids[target.clamp(max=self.output_ids.numel() - 1)].ne(ids)

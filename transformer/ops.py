@@ -36,12 +36,20 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
     return torch.ge(lanes, -32768 + round(p * 65536), out=torch.empty_like(x))
 
 
+# Device types whose dropout cuts its mask from random 16-bit lanes; elsewhere F.dropout. On a
+# GPU, F.dropout is one fused kernel (and torch.compile traces it; random_ breaks its graph):
+# benchmarks/gpu_check.py measures CUDA both ways and decides by the rule written there.
+LANE_DROPOUT = {"cpu", "cuda"}
+
+
 def dropout(x: Tensor, p: float, training: bool, relu: bool = False) -> Tensor:
     """Inverted dropout, optionally of relu(x); the same distribution as F.dropout."""
     if relu:
         x = torch.relu(x)
     if not training or p == 0.0:
         return x
+    if x.device.type not in LANE_DROPOUT:
+        return F.dropout(x, p, training=True)
     # scaled apart from the mask: 1/(1-p) in bf16 would bias every kept value the same way
     return (x * keep_mask(x, p)).mul_(1.0 / (1.0 - p))
 
