@@ -373,20 +373,19 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)  # tiny tensors gain nothing from threads; shared cores lose
     chk = Check(args)
     chk.save()
-    if "tests" in sections:
-        chk.run(("tests",), 30, lambda: section_tests(chk))
-    if "loss" in sections:
-        section_loss(chk)
-    if "train" in sections:
-        section_train(chk)
-    if "decode" in sections:
-        section_decode(chk, chk.cfg["shapes"][0])
-    if "profile" in sections:
-        section_profile(chk)
-    if "compile" in sections:
-        section_train(chk, ("ours_compiled",), need_s=90 if not args.reduced else 5)
-    if "decode" in sections and len(chk.cfg["shapes"]) > 1:
-        section_decode(chk, chk.cfg["shapes"][1])
+    shapes = chk.cfg["shapes"]
+    plan = [("tests", lambda: chk.run(("tests",), 30, lambda: section_tests(chk))),
+            ("loss", lambda: section_loss(chk)), ("train", lambda: section_train(chk)),
+            ("decode", lambda: section_decode(chk, shapes[0])),
+            ("profile", lambda: section_profile(chk)),
+            ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
+            ("decode", lambda: shapes[1:] and section_decode(chk, shapes[1]))]
+    for section, fn in plan:
+        if section in sections:
+            try:  # a failure outside a measurement (building batches, say) ends the section only
+                fn()
+            except Exception as e:  # noqa: BLE001
+                chk.results["errors"].append(f"{section}: {type(e).__name__}: {e}"[:2000])
     chk.save()
     print(gpu_report.summary(chk.results))
 

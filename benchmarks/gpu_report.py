@@ -107,10 +107,41 @@ def rules(r: dict, ratios: dict) -> list[str]:
     return out
 
 
+PRESETS = {"base": "wmt14-en-de-base", "big": "wmt14-en-de-big"}
+
+
+def projection(train: dict) -> list[dict]:
+    """Hours of each preset's full run from ours's measured steps, on the preset's nproc GPUs
+    (each a max_tokens micro-batch a step) and on one GPU (the same update as update_freq
+    micro-batches of the measured size with the highest tokens/s). Assumes perfect data-parallel
+    scaling (the gradient all-reduce hidden behind the backward pass): a lower bound."""
+    from transformer.config import preset_params
+
+    out = []
+    for shape, preset in PRESETS.items():
+        ours = (train.get(shape) or {}).get("ours") or {}
+        t = preset_params(preset)["train"]
+        update = t["max_tokens"] * t["nproc"] * t["update_freq"]  # padded tokens per side
+        per_gpu = ours.get(str(t["max_tokens"]))
+        if not per_gpu:
+            continue
+        best = max((k for k in ours if k.isdigit()), key=lambda k: ours[k]["tokens_per_s"])
+        step = {k: ours[k]["tgt_tokens_per_step"] / ours[k]["tokens_per_s"] for k in ours
+                if k.isdigit()}  # seconds per micro-batch
+        hours = {t["nproc"]: t["max_steps"] * step[str(t["max_tokens"])] / 3600,
+                 1: t["max_steps"] * update / int(best) * step[best] / 3600}
+        for gpus, h in sorted(hours.items()):
+            out.append({"preset": preset, "steps": t["max_steps"], "update_tokens": update,
+                         "gpus": gpus, "micro_batch": t["max_tokens"] if gpus > 1 else int(best),
+                         "hours": round(h, 1)})
+    return out
+
+
 def derived(r: dict) -> dict:
     ratios = {"train": train_ratios(r.get("train") or {}),
               "decode": decode_ratios(r.get("decode") or {})}
-    return {"ratios": ratios, "goals": goals(r, ratios), "rules": rules(r, ratios)}
+    return {"ratios": ratios, "goals": goals(r, ratios), "rules": rules(r, ratios),
+            "projection": projection(r.get("train") or {})}
 
 
 def _fmt(x, pct: bool = False) -> str:
@@ -153,6 +184,13 @@ def summary(r: dict) -> str:
                 "| contender | sentences/s | tokens/s | seconds |", "|---|---|---|---|"]
         out += [f"| {k} | {v['sentences_per_s']} | {_fmt(v['tokens_per_s'])} | {v['seconds']} |"
                 for k, v in runs.items() if k != "workload"]
+        out.append("")
+    if d["projection"]:
+        out += ["## Projected wall time of the presets (perfect data-parallel scaling)", "",
+                "| preset | steps | tokens/update | GPUs | micro-batch | hours |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {p['preset']} | {p['steps']:,} | {p['update_tokens']:,} | {p['gpus']} | "
+                f"{p['micro_batch']:,} | {p['hours']} |" for p in d["projection"]]
         out.append("")
     out += ["## Goals", ""] + [
         f"- {g['goal']}: {g['value']} ({'met' if g['met'] else 'not met'})" for g in d["goals"]]

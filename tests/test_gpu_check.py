@@ -86,7 +86,8 @@ def test_peaks_and_rules(load_benchmark):
     assert peers.peak_tflops("NVIDIA A100-SXM4-80GB") is None
 
     def run(rate: float, warm: float = 1.0) -> dict:
-        return {s: {"tokens_per_s": rate, "warmup_s": warm} for s in ("3125", "12500")}
+        return {s: {"tokens_per_s": rate, "warmup_s": warm, "tgt_tokens_per_step": 2500}
+                for s in ("3125", "12500")}
 
     train = {s: {"ours": run(100), "ours_unfused_loss": run(106), "ours_torch_dropout": run(101),
                  "ours_compiled": run(120, warm=70), "hf_marian": run(50)} for s in ("base", "big")}
@@ -100,3 +101,11 @@ def test_peaks_and_rules(load_benchmark):
         s["ours_compiled"] = run(120)
     rules = report.derived({"train": train})["rules"]
     assert "ADOPT" in rules[0] and "ADOPT" in rules[2]
+    for s in train.values():  # the projected hours of the presets
+        s["ours"]["3125"]["tokens_per_s"] = 100  # 25 s a step
+        s["ours"]["12500"].update(tokens_per_s=200, tgt_tokens_per_step=10000)  # 50 s a step
+    hours = {(p["preset"], p["gpus"]): p["hours"] for p in report.derived({"train": train})[
+        "projection"]}
+    # 8 GPUs: 100k / 300k steps of 25 s; 1 GPU: 2 micro-batches of 12,500 (the faster) a step
+    assert hours == {("wmt14-en-de-base", 8): 694.4, ("wmt14-en-de-base", 1): 2777.8,
+                     ("wmt14-en-de-big", 8): 2083.3, ("wmt14-en-de-big", 1): 8333.3}
