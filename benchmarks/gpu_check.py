@@ -40,8 +40,8 @@ Decision rules, written before any GPU measured them (summary.md applies them; "
 a's target tokens/s over b's):
 - fused output loss on CUDA: Transformer.fused_loss becomes False on CUDA if ours_unfused_loss
   / ours >= 1.05 at 3,125 tokens in both base and big and >= 0.98 at every measured size; else
-  the fused op stays. Its GPU chunk (ops._OutputCE.CHUNK_ELEMENTS_GPU, 2^26) changes to the loss
-  section's fastest if that is >= 1.05x faster at d_model 1024.
+  the fused op stays. Its GPU chunk (ops._OutputCE.CHUNK_ELEMENTS_GPU, 2^22 as on the CPU)
+  changes to the loss section's fastest if that is >= 1.05x faster at d_model 1024.
 - dropout on CUDA: F.dropout replaces the 16-bit-lane mask on CUDA (ops.LANE_DROPOUT without
   "cuda") if ours_torch_dropout / ours >= 1.03 at 3,125 tokens in both base and big and >= 0.98
   at every size.
@@ -105,6 +105,7 @@ class Check:
             "transformers": _version("transformers"), "reduced": args.reduced,
             "precision": str(self.dtype).removeprefix("torch."), "peak_tflops": peak,
             "peak_source": source, "budget_s": args.budget_s, "gpu_state": _gpu_state(),
+            "gpu_loss_chunk": _OutputCE.CHUNK_ELEMENTS_GPU,
             "mfu": "6 x trainable parameters (shared embedding once) x target tokens/s / peak"},
             "skipped": [], "errors": []}
 

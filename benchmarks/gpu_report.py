@@ -96,14 +96,13 @@ def rules(r: dict, ratios: dict) -> list[str]:
                    f"{', '.join(f'{s} {x}' for s, x in zip(shapes, at))}; all sizes "
                    f"{min(every)}-{max(every)})")
     loss = (r.get("loss") or {}).get("big") or {}
-    now = loss.get("fused_chunk_2^26")
+    today = f"fused_chunk_2^{r['meta']['gpu_loss_chunk'].bit_length() - 1}"
     fused = {k: v for k, v in loss.items() if k.startswith("fused") and v}
-    if now and fused:
+    if loss.get(today) and fused:
         best = min(fused, key=fused.get)
-        change = now / fused[best] >= 1.05
-        out.append(f"GPU loss chunk: {'use ' + best if change else 'keep 2^26'} "
-                   f"({best} {fused[best]} ms against 2^26 {now} ms; unfused "
-                   f"{loss.get('unfused')} ms)")
+        change = loss[today] / fused[best] >= 1.05
+        out.append(f"GPU loss chunk: {'use ' + best if change else 'keep ' + today} ({best} "
+                   f"{fused[best]} ms, {today} {loss[today]} ms; unfused {loss.get('unfused')} ms)")
     return out
 
 

@@ -92,20 +92,24 @@ def test_peaks_and_rules(load_benchmark):
     train = {s: {"ours": run(100), "ours_unfused_loss": run(106), "ours_torch_dropout": run(101),
                  "ours_compiled": run(120, warm=70), "hf_marian": run(50)} for s in ("base", "big")}
     train["big"]["ours_unfused_loss"]["12500"]["tokens_per_s"] = 97  # below the 0.98 floor
-    rules = report.derived({"train": train})["rules"]
+    r = {"meta": {"gpu_loss_chunk": 1 << 22}, "train": train,
+         "loss": {"big": {"fused_chunk_2^22": 10.0, "fused_chunk_2^26": 9.6, "unfused": 8.0}}}
+    rules = report.derived(r)["rules"]
     assert rules[0].startswith("Transformer.fused_loss False on CUDA: keep as is")
     assert rules[1].startswith("F.dropout on CUDA (ops.LANE_DROPOUT - cuda): keep as is")
     assert rules[2].startswith("torch.compile in the train stage: keep as is")  # 280 s compiling
+    assert rules[3].startswith("GPU loss chunk: keep fused_chunk_2^22")  # 1.04x: under 1.05
     train["big"]["ours_unfused_loss"]["12500"]["tokens_per_s"] = 106
     for s in train.values():
         s["ours_compiled"] = run(120)
-    rules = report.derived({"train": train})["rules"]
+    r["loss"]["big"]["fused_chunk_2^26"] = 9.0
+    rules = report.derived(r)["rules"]
     assert "ADOPT" in rules[0] and "ADOPT" in rules[2]
+    assert rules[3].startswith("GPU loss chunk: use fused_chunk_2^26")
     for s in train.values():  # the projected hours of the presets
         s["ours"]["3125"]["tokens_per_s"] = 100  # 25 s a step
         s["ours"]["12500"].update(tokens_per_s=200, tgt_tokens_per_step=10000)  # 50 s a step
-    hours = {(p["preset"], p["gpus"]): p["hours"] for p in report.derived({"train": train})[
-        "projection"]}
+    hours = {(p["preset"], p["gpus"]): p["hours"] for p in report.derived(r)["projection"]}
     # 8 GPUs: 100k / 300k steps of 25 s; 1 GPU: 2 micro-batches of 12,500 (the faster) a step
     assert hours == {("wmt14-en-de-base", 8): 694.4, ("wmt14-en-de-base", 1): 2777.8,
                      ("wmt14-en-de-big", 8): 2083.3, ("wmt14-en-de-big", 1): 8333.3}

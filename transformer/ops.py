@@ -65,11 +65,11 @@ class _OutputCE(torch.autograd.Function):
     scaled by the incoming gradient in backward; the loss is a sum.
     """
 
-    # rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). Elsewhere (CUDA)
-    # cache size is moot and every chunk costs a dozen kernel launches: 256 MB, ~1,800 rows of
-    # a 37k vocabulary; benchmarks/gpu_check.py's loss section times 2^22-2^28.
+    # rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). A GPU's: the same
+    # until measured (only ~110 rows of a 37k vocabulary, a dozen kernel launches each):
+    # benchmarks/gpu_check.py's loss section times 2^22-2^28 and decides by its rule.
     CHUNK_ELEMENTS_CPU = 1 << 22
-    CHUNK_ELEMENTS_GPU = 1 << 26
+    CHUNK_ELEMENTS_GPU = 1 << 22
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, eps: float, grad_mode: bool):
