@@ -5,7 +5,8 @@ profile.txt).
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out DIR --budget-s 480   # a GPU
     python benchmarks/gpu_check.py --out DIR --reduced --device cpu              # CI, seconds
 
-Sections (--sections; this order, each measurement skipped when --budget-s is spent):
+Sections (--sections; in this order, then the big model's decoding; each measurement is
+skipped when too little of --budget-s is left, and one running out of it is stopped):
 - tests: tests/test_cuda.py under pytest (exact SIGKILL resume in bf16 and in fp16 with
   gradient scaling, decoding and the output loss on the GPU); `--noconftest`, as the GPU
   machine has no Prefect or DVC and these tests need no shared fixture. On a CPU all skip.
@@ -15,21 +16,22 @@ Sections (--sections; this order, each measurement skipped when --budget-s is sp
 - train: base and big (Table 3; the presets' dropout), 37k shared vocabulary, bf16 autocast,
   fused Adam, batches as the train stage makes them (BatchSampler) at 3,125 (the presets' per-GPU
   batch), 6,250 and 12,500 padded tokens per side, of realistic WMT lengths (gpu_peers.py);
-  the same batches for: ours (model.loss with the host's target count, so no host sync;
-  the fused output loss; ops.dropout's 16-bit lanes), ours with F.linear +
-  F.cross_entropy (ours_unfused_loss), ours with F.dropout (ours_torch_dropout), HF
-  MarianMTModel with our weights and Seq2SeqTrainer's label-smoothed cross-entropy on its
-  logits (hf_marian), torch.nn.Transformer (torch_transformer). Target tokens/s is the median
-  over the timed steps (device events; warm-up steps excluded) of each step's non-pad target
-  tokens over its time; peak memory is torch.cuda.max_memory_allocated.
+  the same batches for: ours (model.loss with the host's target count, so no host sync; the
+  fused output loss; ops.dropout's 16-bit lanes), ours with F.linear + F.cross_entropy
+  (ours_unfused_loss), ours with F.dropout (ours_torch_dropout), HF MarianMTModel with our
+  weights and Seq2SeqTrainer's label-smoothed cross-entropy on its logits (hf_marian), and
+  torch.nn.Transformer (torch_transformer). Target tokens/s is the median over the timed steps
+  (device events; warm-up steps excluded) of each step's non-pad target tokens over its time;
+  peak memory is torch.cuda.max_memory_allocated.
 - decode: 3,003 sentences of newstest-like lengths, beam 4, translate's batches (16,384 padded
-  source tokens), ours (incremental.Decoder, bf16 on a GPU) and HF generate with the same
-  weights, batches and precision. Random weights emit EOS at random, so every sentence of a
-  batch gets exactly that batch's longest reference length in tokens (EOS blocked before,
-  length penalty 1): equal work, a lower bound on ours, whose real runs drop finished sentences.
+  source tokens), ours (incremental.Decoder, bf16 on a GPU; then fp32) and HF generate with the
+  same weights, batches and precision; base here, big at the very end. Random weights emit EOS
+  at random, so every sentence of a batch gets exactly that batch's longest reference length
+  in tokens (EOS blocked before, length penalty 1): equal work, and a lower bound on ours,
+  whose real runs drop finished sentences from the batch.
 - profile: torch.profiler over 3 steps of ours at 3,125 tokens (profile.txt, the top ops).
-- compile: ours_torch_dropout with encode and decode_features under torch.compile
-  (ours_compiled; its first, compiling steps timed apart).
+- compile: ours_torch_dropout with encode and decode_features under torch.compile, dynamic
+  shapes (ours_compiled; its first, compiling steps timed apart as warmup_s).
 
 MFU = 6 × N × target tokens/s / peak, N the trainable parameters with the shared embedding and
 output matrix counted once; attention's own FLOPs are not counted (as in the published
