@@ -1,18 +1,19 @@
-"""Peer adapter (decode only) for ../shared/bench/peers: the project's Transformer and beam search.
+r"""Peer adapter (decode only) for ../shared/bench/peers: the project's Transformer and beam search.
 
     cd ../shared/bench/peers
-    PYTHONPATH=/path/to/main python bench.py decode --shape base --beam 4 --peers hf,ct2_f32 \
-        --peer mine=/path/to/main/benchmarks/decode_adapter.py:precision=int8
+    PYTHONPATH=CHECKOUT python bench.py decode --shape base --beam 4 --peers hf,ct2_f32 \
+        --peer mine=CHECKOUT/benchmarks/decode_adapter.py:precision=int8
 
-opts: precision=fp32|bf16|int8 (decode.precision). The harness ids (PAD 0, BOS 1, EOS 2) are
-the project's. Same workload as the peers: one batch, exactly `length` tokens (EOS blocked
-until then, length penalty 1).
+(CHECKOUT: this checkout.) opts: precision=fp32|bf16|int8 (decode.precision). The harness ids
+(PAD 0, BOS 1, EOS 2) are the project's. Same workload as the peers: one batch, exactly `length`
+tokens (EOS blocked until then, length penalty 1).
 """
 
 import sys
+from pathlib import Path
 
 if __name__ == "__main__":  # a plug-in of the peers harness, not a script
-    print(__doc__)
+    print(__doc__.replace("CHECKOUT", str(Path(__file__).resolve().parents[1])))
     sys.exit(0)
 
 import torch

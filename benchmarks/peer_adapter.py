@@ -1,20 +1,21 @@
-"""The project's Transformer as a peer of ../shared/bench/peers (copied from its template).
+r"""The project's Transformer as a peer of ../shared/bench/peers (copied from its template).
 
     cd ../shared/bench/peers
-    PYTHONPATH=/work/main python bench.py train --shape small --rounds 3 \
+    PYTHONPATH=CHECKOUT python bench.py train --shape small --rounds 3 \
         --peers ref,ref_bf16,hf,hf_bf16 \
-        --peer mine=/work/main/benchmarks/peer_adapter.py \
-        --peer mine_bf16=/work/main/benchmarks/peer_adapter.py:autocast=bf16
+        --peer mine=CHECKOUT/benchmarks/peer_adapter.py \
+        --peer mine_bf16=CHECKOUT/benchmarks/peer_adapter.py:autocast=bf16
 
-opts: autocast=bf16|off;
+(CHECKOUT: this checkout.) opts: autocast=bf16|off (decoding: decode.precision bf16|fp32);
 paper=on drops the attention/activation dropout the shared workload adds (the paper has residual
 dropout only, §5.4).
 """
 
 import sys
+from pathlib import Path
 
 if __name__ == "__main__":  # a plug-in of the peers harness, not a script
-    print(__doc__)
+    print(__doc__.replace("CHECKOUT", str(Path(__file__).resolve().parents[1])))
     sys.exit(0)
 
 import torch
@@ -22,6 +23,7 @@ from common import BOS, fixed_length_beam_search
 
 from transformer.allocator import keep_freed_memory
 from transformer.config import ModelConfig
+from transformer.incremental import Decoder
 from transformer.model import Transformer
 
 
@@ -52,26 +54,22 @@ class Peer:
 
     @torch.inference_mode()
     def decode(self, src, beam, length):
-        """Exactly `length` tokens per sentence with the model's incremental KV cache."""
-        self.model.eval()
-        S = max(map(len, src))
-        x = torch.zeros(len(src), S, dtype=torch.long)
+        """Exactly `length` tokens per sentence, the harness's beam search over the steps of
+        incremental.Decoder (the KV caches translate uses)."""
+        dec = Decoder(self.model, "bf16" if self.autocast else "fp32")
+        x = torch.zeros(len(src), max(map(len, src)), dtype=torch.long)
         for i, s in enumerate(src):
             x[i, : len(s)] = torch.tensor(s)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            memory, mask = self.model.encode(x)
-            memory, mask = memory.repeat_interleave(beam, 0), mask.repeat_interleave(beam, 0)
-            cache = {"mem": memory, "mask": mask, "kv": {}}
+        state = dec.start(*dec.encode(x), beam, steps=length)
 
-            def step(state, ys):
-                lo = self.model.decode(ys[:, -1:], state["mem"], state["mask"], state["kv"])
-                return torch.log_softmax(lo[:, -1].float(), -1)
+        def step(state, ys):
+            return torch.log_softmax(dec.step(ys[:, -1:], state), -1)
 
-            def reorder(state, index):
-                self.model.reorder_cache(state["kv"], index)
-                return state
+        def reorder(state, index):
+            dec.reorder(state, index, None)
+            return state
 
-            out = fixed_length_beam_search(step, reorder, cache, len(src), beam, length, bos=BOS)
+        out = fixed_length_beam_search(step, reorder, state, len(src), beam, length, bos=BOS)
         return out.tolist()
 
     def info(self):

@@ -169,6 +169,28 @@ def test_bf16_without_native_support_is_a_clear_error(copy_model):
         Decoder(copy_model, "bf16")
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_plain_kernels_decode_as_the_cpu_kernels_do(copy_model, sources, beam_size):
+    """The GPU's path (the model as it is, SDPA attention), run here on the CPU: the same
+    hypotheses as oneDNN's Linears with the batched-GEMV attention, with and without cache."""
+    cap = torch.full((len(sources),), 12)
+    ref = beam_search(Decoder(copy_model), sources, beam_size, 0.6, cap)
+    plain = Decoder(copy_model, kernels="plain")
+    assert beam_search(plain, sources, beam_size, 0.6, cap) == ref
+    assert beam_search(plain, sources, beam_size, 0.6, cap, use_cache=False) == ref
+
+
+def test_off_the_cpu_int8_and_cpu_kernels_are_refused_before_touching_the_device(copy_model):
+    with pytest.raises(ConfigError, match="int8 .* CPU only, not on cuda: use bf16 or fp32"):
+        Decoder(copy_model, "int8", device="cuda")
+    with pytest.raises(ValueError, match="kernels 'cpu' on cuda"):
+        Decoder(copy_model, device="cuda", kernels="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DecodeError, match="--device cuda: torch sees no CUDA device"):
+            decode.pick_device("cuda")
+    assert decode.pick_device("cpu") == torch.device("cpu")
+
+
 # ----------------------------------------------------------------------------- text and CLI
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> tuple[Path, Path]:
@@ -221,6 +243,8 @@ def test_cli_translates_a_file(model_files, tmp_path):
             "--beam-size",
             "1",
             "--no-progress",
+            "--device",
+            "cpu",
             "--params",
             str(empty_params(tmp_path)),
         ]

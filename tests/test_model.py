@@ -1,4 +1,5 @@
-"""Model properties: causality, padding invariance, cache == full decode, loss == reference."""
+"""Model properties: causality, padding invariance, cached decoding == full decode, loss ==
+reference."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 
 from transformer.checkpoint import CheckpointError, build_model
 from transformer.config import ConfigError, ModelConfig, preset_params
+from transformer.incremental import Decoder
 from transformer.model import Transformer, attention, sinusoids
 
 V = 40
@@ -61,25 +63,37 @@ def test_padding_does_not_change_outputs():
     torch.testing.assert_close(a, b[:, : tgt.size(1)], atol=1e-5, rtol=1e-5)
 
 
-def test_incremental_cache_matches_full_decode_and_reorders():
+@pytest.mark.parametrize("kernels", ["cpu", "plain"])
+def test_incremental_decoder_matches_full_decode_and_follows_beams(kernels):
+    """incremental.Decoder, one position a step against its caches, gives the logits of the
+    whole-prefix forward pass; following beams (rows swapped) and sentences leaving (rows
+    dropped) keep each row's cache its own."""
     m = tiny()
     src, tgt = batch()
-    full = m(src, tgt)
-    memory, mask = m.encode(src)
-    cache: dict = {}
-    steps = [m.decode(tgt[:, t : t + 1], memory, mask, cache) for t in range(tgt.size(1))]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    cache = {}  # blocks of several new positions at once
-    a = m.decode(tgt[:, :2], memory, mask, cache)
-    b = m.decode(tgt[:, 2:], memory, mask, cache)
-    torch.testing.assert_close(torch.cat([a, b], 1), full, atol=1e-5, rtol=1e-5)
-    # reorder: rows (2, 0, 0) continue as sentences 2, 0, 0 would
-    cache = {}
-    m.decode(tgt[:, :3], memory, mask, cache)
-    idx = torch.tensor([2, 0, 0])
-    m.reorder_cache(cache, idx)
-    nxt = m.decode(tgt[idx, 3:4], memory, mask, cache)
-    torch.testing.assert_close(nxt, full[idx, 3:4], atol=1e-5, rtol=1e-5)
+    other = tgt.clone()
+    other[:, 1:] = (other[:, 1:] + 7) % (V - 4) + 4  # a second prefix per sentence
+    full = {"a": m(src, tgt), "b": m(src, other)}  # (B, T, V)
+    dec = Decoder(m, kernels=kernels)
+    state = dec.start(*dec.encode(src), beam_size=2, steps=tgt.size(1))
+    rows = ["a", "b"] * 3  # row 2n + j: sentence n, beam j
+    sent = [0, 0, 1, 1, 2, 2]
+
+    def step(t):
+        y = torch.stack([(tgt if r == "a" else other)[n, t : t + 1] for r, n in zip(rows, sent)])
+        got = dec.step(y, state)  # (rows, V)
+        want = torch.stack([full[r][n, t] for r, n in zip(rows, sent)])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+    for t in range(3):
+        step(t)
+    origin = torch.tensor([1, 0, 3, 2, 5, 4])  # each sentence's beams swap
+    dec.reorder(state, origin, None)
+    rows = [rows[i] for i in origin]
+    step(3)
+    keep = torch.tensor([True, False, True])  # sentence 1 leaves
+    dec.reorder(state, torch.tensor([0, 1, 4, 5]), keep)
+    rows, sent = [rows[i] for i in (0, 1, 4, 5)], [0, 0, 2, 2]
+    step(4)
 
 
 def reference_loss(logits, tgt_out, eps):
@@ -89,12 +103,15 @@ def reference_loss(logits, tgt_out, eps):
             F.cross_entropy(x, y, ignore_index=0, reduction="sum"))
 
 
-def test_model_loss_equals_forward_plus_cross_entropy_and_grad():
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("counted", [False, True])  # n_targets given: rows picked sync-free
+def test_model_loss_equals_forward_plus_cross_entropy_and_grad(fused, counted):
     m = tiny()
+    m.fused_loss = fused
     src, tgt = batch()
     tgt_out = torch.roll(tgt, -1, 1)
     tgt_out[tgt == 0] = 0
-    loss, nll = m.loss(src, tgt, tgt_out, 0.1)
+    loss, nll = m.loss(src, tgt, tgt_out, 0.1, int(tgt_out.ne(0).sum()) if counted else None)
     ref, ref_nll = reference_loss(m(src, tgt), tgt_out, 0.1)
     torch.testing.assert_close((loss, nll), (ref, ref_nll))
     params = [p for p in m.parameters() if p.requires_grad]

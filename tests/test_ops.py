@@ -14,9 +14,13 @@ from transformer.ops import dropout, keep_mask, output_loss
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("lanes", [True, False])  # ops' own mask, or F.dropout (LANE_DROPOUT)
 @pytest.mark.parametrize("p", [0.1, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dropout_rate_scale_and_gradient(p, dtype):
+def test_dropout_rate_scale_and_gradient(p, dtype, lanes, monkeypatch):
+    from transformer import ops
+
+    monkeypatch.setattr(ops, "LANE_DROPOUT", {"cpu"} if lanes else set())
     torch.manual_seed(0)
     x = torch.ones(400, 1000, dtype=dtype, requires_grad=True)
     y = dropout(x, p, training=True)
@@ -46,16 +50,17 @@ def test_dropout_relu_and_eval():
     assert (y >= 0).all() and y[x <= 0].eq(0).all()
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("n", [1, 16, 37])  # one chunk, exactly one, several and a remainder
-def test_output_loss_matches_cross_entropy_and_grad(n, monkeypatch):
+def test_output_loss_matches_cross_entropy_and_grad(n, fused, monkeypatch):
     from transformer import ops
 
-    monkeypatch.setattr(ops._OutputCE, "CHUNK_ELEMENTS", 50 * 16)  # 16 rows a chunk: many chunks
+    monkeypatch.setattr(ops._OutputCE, "CHUNK_ELEMENTS_CPU", 50 * 16)  # 16 rows: many chunks
     g = torch.Generator().manual_seed(0)
     h = torch.randn(n, 8, generator=g, requires_grad=True)
     w = torch.randn(50, 8, generator=g, requires_grad=True)
     y = torch.randint(0, 50, (n,), generator=g)
-    loss, nll = output_loss(h, w, y, 0.1)
+    loss, nll = output_loss(h, w, y, 0.1, fused)
     ref = F.cross_entropy(h @ w.T, y, label_smoothing=0.1, reduction="sum")
     ref_nll = F.cross_entropy(h @ w.T, y, reduction="sum")
     torch.testing.assert_close((loss, nll), (ref, ref_nll))
@@ -81,13 +86,14 @@ def test_output_loss_under_no_grad_does_only_the_forward_gemm():
     assert flops[False] == 2 * 37 * 16 * 50 and flops[True] == 3 * flops[False]  # (validation)
 
 
-def test_output_loss_under_bf16_autocast_keeps_fp32_grads():
+@pytest.mark.parametrize("fused", [True, False])
+def test_output_loss_under_bf16_autocast_keeps_fp32_grads(fused):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(37, 16, generator=g, requires_grad=True)
     w = torch.randn(50, 16, generator=g, requires_grad=True)
     y = torch.randint(0, 50, (37,), generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = output_loss(h, w, y, 0.1)
+        loss, _ = output_loss(h, w, y, 0.1, fused)
     loss.backward()
     ref = F.cross_entropy(h @ w.T, y, label_smoothing=0.1, reduction="sum")
     assert loss.dtype == w.grad.dtype == h.grad.dtype == torch.float32

@@ -214,9 +214,16 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
 
 
 def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
+    kill_and_resume(corpus, tmp_path)
+
+
+def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
+    """A run of 40 steps, and one SIGKILLed after its first checkpoint and resumed: their
+    step-40 checkpoints are equal bit for bit. The uninterrupted run's output (test_cuda.py
+    runs this on a GPU in bf16 and fp16)."""
     params = write_params(tmp_path / "params.yaml", max_steps=40, save_every_steps=5,
-                          keep_last=0, valid_every_steps=20, log_every_steps=5)
-    run(corpus, tmp_path / "full", params)
+                          keep_last=0, valid_every_steps=20, log_every_steps=5, **train_over)
+    out = run(corpus, tmp_path / "full", params)
     proc = run(corpus, tmp_path / "killed", params, "--resume", wait=False)
     first = checkpoint.step_path(tmp_path / "killed", 5)
     while not first.exists() and proc.poll() is None:
@@ -235,7 +242,8 @@ def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
         assert torch.equal(v, b["model"][k]), k  # bit for bit
     for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
-    assert a["data"] == b["data"]
+    assert a["data"] == b["data"] and a["scaler"] == b["scaler"]
+    return out
 
 
 def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed(corpus,

@@ -16,6 +16,7 @@ import argparse
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -67,7 +68,7 @@ def beam_search(
     if max_len is None:
         max_len = src.ne(PAD_ID).sum(1) + 50
     max_len = max_len.clamp(max=dec.max_positions).tolist()
-    memory, src_pad_mask = dec.encode(src)
+    memory, src_pad_mask = dec.encode(src)  # on the decoder's device; the search runs on CPU
     if use_cache:
         state = dec.start(memory, src_pad_mask, k, steps=max(max_len, default=0))
     else:  # beams of a sentence are adjacent rows
@@ -85,7 +86,9 @@ def beam_search(
             logits = dec.step(tokens[:, -1:], state)
         else:
             logits = dec.step_full(tokens, memory, src_pad_mask)
-        top, beam, tok = candidates(logits, scores, block_eos=t < min_len)  # (N, 2k) each
+        # (N, 2k) each, brought to the CPU once a step (on a CPU: no copies)
+        top, beam, tok = (x.cpu() for x in candidates(logits, scores.to(logits.device),
+                                                        block_eos=t < min_len))
         N = len(rows)
         eos = tok.eq(EOS_ID) & top.isfinite()
         for n, j in eos[:, :k].nonzero().tolist():  # EOS among the k best: a finished hypothesis
@@ -119,7 +122,8 @@ def beam_search(
         if use_cache:
             dec.reorder(state, origin, keep)
         else:
-            memory, src_pad_mask = memory[origin], src_pad_mask[origin]
+            rows_on = origin.to(memory.device)
+            memory, src_pad_mask = memory[rows_on], src_pad_mask[rows_on]
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
 
 
@@ -153,9 +157,10 @@ def topk_rows(x: Tensor, c: int, block: int = 64) -> tuple[Tensor, Tensor]:
     if nb <= 2 * c:
         return x.topk(c, dim=1)
     best = x[:, : nb * block].view(R, nb, block).amax(-1).topk(c, dim=1)[1]  # (R, c) blocks
-    cols = (best[:, :, None] * block + torch.arange(block)).view(R, c * block)  # (R, c*block)
+    arange = partial(torch.arange, device=x.device)
+    cols = (best[:, :, None] * block + arange(block)).view(R, c * block)  # (R, c*block)
     if V > nb * block:  # the short last block is always searched
-        cols = torch.cat([cols, torch.arange(nb * block, V).expand(R, -1)], dim=1)
+        cols = torch.cat([cols, arange(nb * block, V).expand(R, -1)], dim=1)
     vals, j = x.gather(1, cols).topk(c, dim=1)  # (R, c)
     return vals, cols.gather(1, j)
 
@@ -248,18 +253,31 @@ class Translator:
         return [self.tokenizer.decode(h, skip_special_tokens=True) if h else "" for h in hyps]
 
 
+def pick_device(name: str = "auto") -> torch.device:
+    """--device: auto is the (current) CUDA GPU when torch sees one, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    elif name == "cuda" and not torch.cuda.is_available():
+        raise DecodeError("--device cuda: torch sees no CUDA device (a CPU build of torch?)")
+    return torch.device(name)
+
+
 def load_translator(
     model_path: Path,
     tokenizer_dir: Path,
     cfg: DecodeConfig,
     precision: str = "fp32",
     ensemble: Sequence[Path] = (),
+    device: torch.device | None = None,
 ) -> Translator:
     """The model from its checkpoint, with the tokenizer checked to be the one it trained with;
-    with `ensemble`, those checkpoints too, decoding together with it (incremental.Ensemble)."""
+    with `ensemble`, those checkpoints too, decoding together with it (incremental.Ensemble).
+    `device`: default pick_device("auto")."""
     tok = load_tokenizer(tokenizer_dir)
+    device = device or pick_device()
     # one at a time: a Decoder is a copy, so only one member's loaded model is alive at once
-    decs = [Decoder(_load_model(p, tokenizer_dir, tok), precision) for p in [model_path, *ensemble]]
+    decs = [Decoder(_load_model(p, tokenizer_dir, tok), precision, device)
+            for p in [model_path, *ensemble]]
     dec = decs[0] if len(decs) == 1 else Ensemble(decs)
     return Translator(dec, tok, cfg, dec.max_positions)
 
@@ -323,7 +341,10 @@ def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> Non
     parser.add_argument(
         "--length-penalty", type=float, help=f"GNMT alpha in [0, {config.MAX_ALPHA:g}]; default: params"
     )
-    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), help="default: params")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"),
+                        help="default: params (int8: CPU only)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where to decode; auto: the GPU when torch sees one, else the CPU")
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
@@ -390,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         unpack(args)
         cfg = decode_config(args)
-        tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision, args.ensemble)
+        tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision, args.ensemble,
+                             pick_device(args.device))
         lines = read_lines(args.input)
         write_lines(args.output, tr.translate(lines, not args.no_progress, args.on_long))
     except (DecodeError, CheckpointError, ConfigError, TokenizerError) as e:

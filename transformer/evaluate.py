@@ -36,6 +36,7 @@ from transformer.decode import (
     add_decode_args,
     decode_config,
     load_translator,
+    pick_device,
     read_lines,
     write_lines,
 )
@@ -141,6 +142,7 @@ def evaluate_split(
         "length_penalty": cfg.length_penalty,
         "precision": cfg.precision,
         "hyps": hyps_name,
+        "device": tr.dec.device.type,  # what decode_seconds were measured on
         "decode_seconds": round(seconds, 2),
         "sentences_per_second": round(len(src) / max(seconds, 1e-9), 2),
     }
@@ -154,7 +156,8 @@ def run(args: argparse.Namespace) -> dict:
     splits, beams = args.split or [ev.split], args.beam_size or [base.beam_size]
     langs = (dl.src_lang, dl.tgt_lang)
     runs = {}
-    tr = load_translator(args.model, args.tokenizer, base, base.precision, args.ensemble)
+    tr = load_translator(args.model, args.tokenizer, base, base.precision, args.ensemble,
+                         pick_device(args.device))
     for k in beams:
         tr = replace(tr, cfg=replace(base, beam_size=k))
         for split in splits:

@@ -14,6 +14,7 @@ import warnings
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ConfigError
@@ -58,24 +59,40 @@ def _swap_linears(module: nn.Module, dtype: torch.dtype) -> None:
 
 
 class Decoder:
-    """A model prepared for inference in one precision: fp32, bf16 or int8 (a copy; `model` is
-    left as it is).
+    """A model prepared for inference in one precision on one device: fp32, bf16 or int8 (a
+    copy; `model` is left as it is).
 
-    fp32 and bf16 run every Linear through oneDNN (bf16: weights bf16, LayerNorm, softmax
-    statistics and the residual stream fp32). int8 is dynamic quantization (weights int8 once,
-    one scale per output channel; activations per call). The tied output projection, an F.linear
-    on the embedding in model.py, becomes a Linear of its own so that it is converted too.
+    kernels "cpu" (the default on a CPU): fp32 and bf16 run every Linear through oneDNN (bf16:
+    weights bf16, LayerNorm, softmax statistics and the residual stream fp32), and attention of
+    a step's few queries as two batched GEMVs. int8 (CPU only) is dynamic quantization (weights
+    int8 once, one scale per output channel; activations per call). kernels "plain" (the
+    default elsewhere, e.g. CUDA): the model as it is, wholly in fp32 or bf16 (weights,
+    activations and caches), attention through SDPA. Logits are fp32 either way. The tied
+    output projection, an F.linear on the embedding in model.py, becomes a Linear of its own so
+    that it is converted too.
     """
 
-    def __init__(self, model: Transformer, precision: str = "fp32"):
+    def __init__(self, model: Transformer, precision: str = "fp32",
+                 device: torch.device | str | None = None, kernels: str = "auto"):
         if precision not in ("fp32", "bf16", "int8"):
             raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
-        resolve_precision(precision, torch.device("cpu"), "decode.precision")  # bf16: native?
+        self.device = torch.device(device) if device is not None else model.output_weight.device
+        if kernels == "auto":
+            kernels = "cpu" if self.device.type == "cpu" else "plain"
+        if kernels not in ("cpu", "plain") or (kernels == "cpu" and self.device.type != "cpu"):
+            raise ValueError(f"kernels {kernels!r} on {self.device.type}: cpu (a CPU only) or plain")
+        if precision == "int8" and kernels != "cpu":
+            raise ConfigError(f"decode.precision int8 (dynamic quantization) runs on a CPU only, "
+                              f"not on {self.device.type}: use bf16 or fp32 there")
+        resolve_precision(precision, self.device, "decode.precision")  # bf16: native?
         self.precision, self.max_positions = precision, model.cfg.max_positions
         W = model.output_matrix().detach()  # (V', D); V' < V with model.output_vocab target
         out = nn.Linear(W.size(1), W.size(0), bias=False)
         out.weight = nn.Parameter(W.clone(), requires_grad=False)
-        self.model, self.out = copy.deepcopy(model).eval(), nn.Sequential(out)
+        self.model = copy.deepcopy(model).eval().requires_grad_(False).to(self.device)
+        self.out = nn.Sequential(out).to(self.device)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.attend = _attend_few if kernels == "cpu" else _attend_sdpa
         if precision == "int8":
             with warnings.catch_warnings():  # torch.ao.quantization is deprecated for torchao
                 warnings.simplefilter("ignore")
@@ -85,20 +102,23 @@ class Decoder:
                 qd = partial(torch.ao.quantization.quantize_dynamic, qconfig_spec=spec,
                              dtype=torch.qint8)
                 self.model, self.out = qd(self.model), qd(self.out)
+        elif kernels == "plain":
+            self.model.to(dtype=dtype)
+            self.out.to(dtype=dtype)
         elif torch.backends.mkldnn.is_available():
-            dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             _swap_linears(self.model, dtype)
             _swap_linears(self.out, dtype)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        return self.model.encode(src)
+        return self.model.encode(src.to(self.device))
 
     def logits(self, h: Tensor) -> Tensor:
         return self.model.full_logits(self.out(h).float())  # (B, V) fp32; the last position only
 
     def step_full(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
         """Logits (B, V) after tgt_in (B, t), recomputing the whole prefix: model.py's own path."""
-        return self.logits(self.model.decode_features(tgt_in, memory, src_pad_mask)[:, -1])
+        h = self.model.decode_features(tgt_in.to(self.device), memory, src_pad_mask)
+        return self.logits(h[:, -1])
 
     def start(self, memory: Tensor, src_pad_mask: Tensor, beam_size: int, steps: int) -> dict:
         """Incremental state: each layer's cross-attention K/V, once per sentence (not per beam).
@@ -107,11 +127,9 @@ class Decoder:
         reordered, so positions never written cost nothing, and nothing is copied to grow. Beam
         caches start small and double, as following the beams copies whole rows."""
         # contiguous once, or every step's batched matmul would copy the transposed views
-        cross = [
-            tuple(x.contiguous() for x in layer.cross_attn.cross_kv(memory))
-            for layer in self.model.decoder
-        ]
-        bias = torch.zeros(src_pad_mask.shape).masked_fill_(src_pad_mask, NEG_INF)  # (N, S)
+        cross = [tuple(x.contiguous() for x in kv) for kv in self.model.cross_kv(memory)]
+        bias = torch.zeros(src_pad_mask.shape, dtype=memory.dtype, device=memory.device)
+        bias.masked_fill_(src_pad_mask, NEG_INF)  # (N, S)
         cap = steps if beam_size == 1 else 16
         return {"t": 0, "k": beam_size, "cross": cross, "bias": bias[:, None, None], "self": [],
                 "cap": cap}
@@ -122,37 +140,33 @@ class Decoder:
         The k beams of a sentence are k queries against that sentence's one cross-attention K/V,
         so the source side is neither copied per beam nor read k times.
         """
-        m, t = self.model, state["t"]
-        x = m.embed(m.tgt_embed or m.src_embed, y, start=t)  # (N*k, 1, D); tied: one matrix
-        for i, layer in enumerate(m.decoder):
-            x = layer.res1(x, partial(self._self_attn, layer.self_attn, state=state, i=i))
-            ck, cv = state["cross"][i]  # (N, h, S, d_k)
-            x = layer.res2(x, partial(self._cross_attn, layer.cross_attn, ck, cv, state["bias"]))
-            x = layer.res3(x, layer.ff)
-        state["t"] = t + 1
-        return self.logits(m.dec_norm(x)[:, -1])
+        x = self.model.embed_target(y.to(self.device), start=state["t"])  # (N*k, 1, D)
+        h = self.model.decoder_stack(x, partial(self._self_attn, state),
+                                     partial(self._cross_attn, state))
+        state["t"] += 1
+        return self.logits(h[:, -1])
 
-    @staticmethod
-    def _cross_attn(ca: nn.Module, ck: Tensor, cv: Tensor, bias: Tensor, z: Tensor) -> Tensor:
+    def _cross_attn(self, state: dict, i: int, ca: nn.Module, z: Tensor) -> Tensor:
+        ck, cv = state["cross"][i]  # (N, h, S, d_k)
         N, h, _, d_k = ck.shape
-        q = ca.split(ca.q_proj(z).view(N, -1, h * d_k))  # (N, h, k, d_k): beams as queries
-        return _attend_few(ca, q, ck, cv, bias).view(z.shape)  # (N, k, D) -> (N*k, 1, D)
+        q = ca.query(z.view(N, -1, h * d_k))  # (N, h, k, d_k): beams as queries
+        return ca.merge(self.attend(q, ck, cv, state["bias"])).view(z.shape)  # (N*k, 1, D)
 
-    @staticmethod
-    def _self_attn(sa: nn.Module, z: Tensor, state: dict, i: int) -> Tensor:
-        q, k, v = (sa.split(u) for u in sa.in_proj(z).chunk(3, dim=-1))  # (N*k, h, 1, d_k)
+    def _self_attn(self, state: dict, i: int, sa: nn.Module, z: Tensor) -> Tensor:
+        q, k, v = sa.self_qkv(z)  # (N*k, h, 1, d_k)
         if i == len(state["self"]):
             state["self"].append(SelfCache(state["cap"]))
         k, v = state["self"][i].append(k, v)  # (N*k, h, t+1, d_k): earlier positions, then this
-        return _attend_few(sa, q, k, v, None)  # (N*k, 1, D)
+        return sa.merge(self.attend(q, k, v, None))  # (N*k, 1, D)
 
-    @staticmethod
-    def reorder(state: dict, origin: Tensor, keep: Tensor | None) -> None:
+    def reorder(self, state: dict, origin: Tensor, keep: Tensor | None) -> None:
         """Follow the beams (origin (N'*k,)); sentences not in `keep` (N,) bool leave."""
         if state["k"] > 1 or keep is not None:  # greedy: the identity until sentences leave
+            origin = origin.to(self.device)
             for cache in state["self"]:
                 cache.select(origin)
         if keep is not None:
+            keep = keep.to(self.device)
             state["cross"] = [(ck[keep], cv[keep]) for ck, cv in state["cross"]]
             state["bias"] = state["bias"][keep]
 
@@ -167,7 +181,9 @@ class Ensemble:
     """
 
     def __init__(self, decoders: list[Decoder]):
-        self.decoders = decoders
+        if len({d.device for d in decoders}) > 1:
+            raise ValueError(f"an ensemble decodes on one device, not {[d.device for d in decoders]}")
+        self.decoders, self.device = decoders, decoders[0].device
         self.max_positions = min(d.max_positions for d in decoders)
 
     def encode(self, src: Tensor) -> tuple[list, Tensor]:
@@ -186,16 +202,19 @@ class Ensemble:
             d.reorder(s, origin, keep)
 
 
-def _attend_few(att: nn.Module, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+def _attend_few(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     """Eq. 1 for a few queries per row (q (B, h, T, d_k), T = 1 or k beams) as two batched
     GEMVs: ~6x faster on CPU than the flash-attention kernel, which tiles for long queries.
     `bias` (B, 1, 1, S) is 0 or -inf (padding); k, v may be strided views of a cache."""
-    scores = q @ k.transpose(-2, -1) * att.d_k**-0.5  # (B, h, T, S)
+    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5  # (B, h, T, S)
     if bias is not None:
         scores += bias
-    o = torch.softmax(scores, dim=-1) @ v  # (B, h, T, d_k)
-    B, h, T, d_k = o.shape
-    return att.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, D)
+    return torch.softmax(scores, dim=-1) @ v  # (B, h, T, d_k)
+
+
+def _attend_sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """_attend_few through SDPA: on a GPU its kernels keep the scores in fp32 and on chip."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
 class SelfCache:

@@ -3,13 +3,16 @@
 Encoder-decoder, post-LN residual blocks (§3.1), scaled dot-product multi-head attention through
 `F.scaled_dot_product_attention` (§3.2; spelled out for attention dropout), position-wise FFN
 (§3.3), shared embeddings scaled by √d_model (§3.4), sinusoidal positions (§3.5), dropout on
-sub-layer outputs and on embeddings + positions (§5.4), label smoothing (§5.4). `decode` supports
-an incremental cache.
+sub-layer outputs and on embeddings + positions (§5.4), label smoothing (§5.4). Incremental
+decoding (incremental.py) runs the same decoder stack (`decoder_stack`) with attention of its
+own against cached keys and values.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -70,19 +73,31 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
+    def merge(self, o: Tensor) -> Tensor:
+        """W^O of the concatenated heads: (B, h, T, d_k) -> (B, T, D)."""
+        B, h, T, d_k = o.shape
+        return self.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         p = self.p_attn if self.training else 0.0
         if p > 0:
             o = attention(q, k, v, mask, causal, p)
         else:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-        B, h, T, d_k = o.shape
-        return self.out_proj(o.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, D)
+        return self.merge(o)  # (B, T, D)
+
+    def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries, keys and values of x (B, T, D): 3 x (B, h, T, d_k)."""
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
+        return self.split(q), self.split(k), self.split(v)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """Self-attention over x (B, T, D); `mask` (B, 1, 1|T, T) bool, True = attend."""
-        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # 3 x (B, T, D)
-        return self.attend(self.split(q), self.split(k), self.split(v), mask, causal)
+        return self.attend(*self.self_qkv(x), mask, causal)
+
+    def query(self, x: Tensor) -> Tensor:
+        """Cross-attention's queries of decoder states x (B, T, D): (B, h, T, d_k)."""
+        return self.split(self.q_proj(x))
 
     def cross_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         k, v = self.in_proj(memory).chunk(2, dim=-1)  # 2 x (B, S, D)
@@ -128,6 +143,10 @@ class EncoderLayer(nn.Module):
         return self.res2(x, self.ff)
 
 
+# a decoder layer's attention sub-layer: (layer index, its MultiHeadAttention, input) -> output
+AttentionFn = Callable[[int, MultiHeadAttention, Tensor], Tensor]
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -136,28 +155,22 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(cfg)
         self.res1, self.res2, self.res3 = Residual(cfg), Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], mem_mask: Tensor,
-                cache: dict | None, self_mask: Tensor | None) -> Tensor:
-        x = self.res1(x, lambda y: self.self_sublayer(y, cache, self_mask))
-        ca = self.cross_attn
-        x = self.res2(x, lambda y: ca.attend(ca.split(ca.q_proj(y)), *kv, mem_mask, False))
+    def forward(self, x: Tensor, self_attn, cross_attn) -> Tensor:
+        """x (B, t, D) through the three sub-layers; the two attentions are given as functions
+        of their (normalised, with pre-LN) input: a whole sequence's, or one decoding step's
+        against cached keys and values."""
+        x = self.res1(x, self_attn)
+        x = self.res2(x, cross_attn)
         return self.res3(x, self.ff)
-
-    def self_sublayer(self, y: Tensor, cache: dict | None, self_mask: Tensor | None) -> Tensor:
-        sa = self.self_attn
-        if cache is None:
-            # right-padded targets: the causal mask alone keeps real queries off pad keys (§3.2.3)
-            return sa(y, causal=True)
-        q, k, v = (sa.split(t) for t in sa.in_proj(y).chunk(3, dim=-1))  # (B, h, t, d_k)
-        if "k" in cache:  # append this step's keys/values to the earlier positions'
-            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-        cache["k"], cache["v"] = k, v  # (B, h, t_total, d_k)
-        causal = self_mask is None and q.size(2) == k.size(2) and q.size(2) > 1
-        return sa.attend(q, k, v, self_mask, causal)
 
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer; ids follow architecture.md (PAD_ID = 0)."""
+
+    # the loss's output projection + label smoothing: ops.output_loss's chunked fused op, or
+    # F.linear + F.cross_entropy (False). The fused op's CUDA default stands until
+    # benchmarks/gpu_check.py measures both by the rule written there.
+    fused_loss: bool = True
 
     def __init__(self, cfg: ModelConfig, vocab_size: int, output_ids: Tensor | None = None):
         """output_ids (V',): the sorted units the softmax spans, when cfg.output_vocab is target."""
@@ -221,38 +234,39 @@ class Transformer(nn.Module):
             x = layer(x, mask)
         return self.enc_norm(x), src_pad_mask
 
-    def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
-                        cache: dict | None = None) -> Tensor:
-        """The decoder stack's output (B, t, D); see `decode` for the cache."""
-        start = 0
-        if cache is not None:
-            if "layers" not in cache:  # first call: cross-attention K/V once per sentence
-                cache["pos"], cache["src_pad_mask"] = 0, src_pad_mask
-                cache["layers"] = [dict(zip(("ck", "cv"), l.cross_attn.cross_kv(memory)))
-                                   for l in self.decoder]
-            start, src_pad_mask = cache["pos"], cache["src_pad_mask"]
-            cache["pos"] = start + tgt_in.size(1)
-        mem_mask = ~src_pad_mask[:, None, None, :]  # (B, 1, 1, S)
-        self_mask = None
-        t = tgt_in.size(1)
-        if cache is not None and start > 0 and t > 1:  # new block attends all cached + causal
-            self_mask = torch.ones(t, start + t, dtype=torch.bool, device=tgt_in.device).tril(start)
-        x = self.embed(self.tgt_embed or self.src_embed, tgt_in, start)
+    def embed_target(self, ids: Tensor, start: int = 0) -> Tensor:
+        """Decoder input ids (B, t) at positions start.. -> (B, t, D); tied: the one matrix."""
+        return self.embed(self.tgt_embed or self.src_embed, ids, start)
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each decoder layer's cross-attention keys and values of memory (B, S, D)."""
+        return [layer.cross_attn.cross_kv(memory) for layer in self.decoder]
+
+    def decoder_stack(self, x: Tensor, self_attn: AttentionFn, cross_attn: AttentionFn) -> Tensor:
+        """Embedded targets x (B, t, D) through the decoder layers and the final norm; each
+        layer's attention comes from self_attn / cross_attn (see AttentionFn)."""
         for i, layer in enumerate(self.decoder):
-            lc = None if cache is None else cache["layers"][i]
-            kv = layer.cross_attn.cross_kv(memory) if lc is None else (lc["ck"], lc["cv"])
-            x = layer(x, kv, mem_mask, lc, self_mask)
+            x = layer(x, partial(self_attn, i, layer.self_attn),
+                      partial(cross_attn, i, layer.cross_attn))
         return self.dec_norm(x)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
-               cache: dict | None = None) -> Tensor:
-        """tgt_in (B, t) -> logits (B, t, V).
+    def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """The decoder stack's output (B, T, D) for the whole target prefix tgt_in (B, T)."""
+        mem_mask = ~src_pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        kv = self.cross_kv(memory)
 
-        With `cache` (start with `{}`), tgt_in holds only the new positions; the dict is filled
-        in place with each layer's self-attention K/V and the cross-attention K/V and source mask
-        (computed on the first call, after which `memory`/`src_pad_mask` are not read again).
-        """
-        h = self.decode_features(tgt_in, memory, src_pad_mask, cache)
+        def self_attn(i: int, sa: MultiHeadAttention, y: Tensor) -> Tensor:
+            # right-padded targets: the causal mask alone keeps real queries off pad keys (§3.2.3)
+            return sa(y, causal=True)
+
+        def cross_attn(i: int, ca: MultiHeadAttention, y: Tensor) -> Tensor:
+            return ca.attend(ca.query(y), *kv[i], mem_mask, False)
+
+        return self.decoder_stack(self.embed_target(tgt_in), self_attn, cross_attn)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """tgt_in (B, t) -> logits (B, t, V)."""
+        h = self.decode_features(tgt_in, memory, src_pad_mask)
         return self.full_logits(F.linear(h, self.output_matrix()))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -283,12 +297,5 @@ class Transformer(nn.Module):
                 torch._assert_async(outside.any().logical_not(), f"a target unit is {why}")
             elif bool(outside.any()):
                 raise ValueError(f"target unit {int(ids[outside][0])} is {why}")
-        return output_loss(h, self.output_matrix(), target, eps)
+        return output_loss(h, self.output_matrix(), target, eps, self.fused_loss)
 
-    @staticmethod
-    def reorder_cache(cache: dict, index: Tensor) -> dict:
-        """Select/reorder the batch rows of every cached tensor (beam search)."""
-        cache["src_pad_mask"] = cache["src_pad_mask"].index_select(0, index)
-        cache["layers"] = [{k: v.index_select(0, index) for k, v in lc.items()}
-                           for lc in cache["layers"]]
-        return cache

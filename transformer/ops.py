@@ -17,6 +17,7 @@ checkpoint still make a run exactly reproducible.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -33,12 +34,20 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
     return torch.ge(lanes, -32768 + round(p * 65536), out=torch.empty_like(x))
 
 
+# Device types whose dropout cuts its mask from random 16-bit lanes; elsewhere F.dropout. On a
+# GPU, F.dropout is one fused kernel (and torch.compile traces it; random_ breaks its graph):
+# benchmarks/gpu_check.py measures CUDA both ways and decides by the rule written there.
+LANE_DROPOUT = {"cpu", "cuda"}
+
+
 def dropout(x: Tensor, p: float, training: bool, relu: bool = False) -> Tensor:
     """Inverted dropout, optionally of relu(x); the same distribution as F.dropout."""
     if relu:
         x = torch.relu(x)
     if not training or p == 0.0:
         return x
+    if x.device.type not in LANE_DROPOUT:
+        return F.dropout(x, p, training=True)
     # scaled apart from the mask: 1/(1-p) in bf16 would bias every kept value the same way
     return (x * keep_mask(x, p)).mul_(1.0 / (1.0 - p))
 
@@ -54,7 +63,11 @@ class _OutputCE(torch.autograd.Function):
     scaled by the incoming gradient in backward; the loss is a sum.
     """
 
-    CHUNK_ELEMENTS = 1 << 22  # rows per chunk x V: 16 MB of fp32 logits (best of 64-2048 rows)
+    # rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). A GPU's: the same
+    # until measured (only ~110 rows of a 37k vocabulary, a dozen kernel launches each):
+    # benchmarks/gpu_check.py's loss section times 2^22-2^28 and decides by its rule.
+    CHUNK_ELEMENTS_CPU = 1 << 22
+    CHUNK_ELEMENTS_GPU = 1 << 22
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, eps: float, grad_mode: bool):
@@ -70,7 +83,8 @@ class _OutputCE(torch.autograd.Function):
             nll_sum = torch.zeros_like(loss)
             V = w.size(0)
             ctx.weight_dtype = weight.dtype
-            rows = max(1, _OutputCE.CHUNK_ELEMENTS // V)
+            chunk = _OutputCE.CHUNK_ELEMENTS_CPU if dev == "cpu" else _OutputCE.CHUNK_ELEMENTS_GPU
+            rows = max(1, chunk // V)
             for i in range(0, h.size(0), rows):
                 hc, t = x_in[i:i + rows], target[i:i + rows, None]  # (n, D), (n, 1)
                 x = (hc @ w.t()).float()  # (n, V)
@@ -97,10 +111,18 @@ class _OutputCE(torch.autograd.Function):
         return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None
 
 
-def output_loss(h: Tensor, weight: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def output_loss(h: Tensor, weight: Tensor, target: Tensor, eps: float,
+                fused: bool = True) -> tuple[Tensor, Tensor]:
     """§5.4 label smoothing on the output projection: (loss_sum, nll_sum) of logits h @ weight.T.
 
     h (N, D) and target (N,) hold no padding; loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e.
-    F.cross_entropy(h @ weight.T, target, label_smoothing=eps, reduction="sum").
+    F.cross_entropy(h @ weight.T, target, label_smoothing=eps, reduction="sum"). fused: the
+    chunked op above; else exactly that F.linear + F.cross_entropy, the (N, V) logits whole.
     """
-    return _OutputCE.apply(h, weight, target, eps, torch.is_grad_enabled())
+    if fused:
+        return _OutputCE.apply(h, weight, target, eps, torch.is_grad_enabled())
+    logits = F.linear(h, weight).float()  # (N, V); fp32 statistics under autocast, as fused
+    loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="sum")
+    with torch.no_grad():  # for logging only
+        nll_sum = F.cross_entropy(logits, target, reduction="sum")
+    return loss, nll_sum

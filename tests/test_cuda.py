@@ -1,0 +1,101 @@
+"""On a CUDA GPU (skipped without one): exact SIGKILL resume in bf16 and in fp16 with gradient
+scaling, decoding on the GPU as on the CPU, and the fused output loss there.
+
+benchmarks/gpu_check.py runs this file on a lent GPU with `pytest --noconftest`: that machine
+has no Prefect, DVC, Babel or num2words, so nothing here needs tests/conftest.py, and the corpus
+is written as raw text (not the synthetic download) before the real tokenizer and shard stages.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decode import copy_model, empty_params, model_files, sources  # noqa: F401 (fixtures)
+from test_train import kill_and_resume, write_params
+
+from transformer import checkpoint, decode, shard, tokenizer
+from transformer.config import DecodeConfig
+from transformer.decode import beam_search, translate_ids
+from transformer.incremental import Decoder
+from transformer.ops import _OutputCE, output_loss
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+WORDS = ["cat", "dog", "bird", "sun", "tree", "house", "river", "green", "small", "old", "red", "blue", "runs", "sees", "eats", "likes", "the", "a", "and", "on", "in", "near"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Raw pairs (a word-for-word code) through the real tokenizer and shard stages."""
+    d = tmp_path_factory.mktemp("corpus")
+    p = str(write_params(d / "params.yaml"))
+    rng = random.Random(0)
+    (d / "raw").mkdir()
+    for split, n in (("train", 300), ("valid", 30), ("test", 10)):
+        src = [" ".join(rng.choices(WORDS, k=rng.randint(3, 12))) for _ in range(n)]
+        (d / "raw" / f"{split}.en").write_text("".join(s + "\n" for s in src))
+        (d / "raw" / f"{split}.de").write_text("".join(s[::-1] + "\n" for s in src))
+    tokenizer.main([str(d / "raw"), str(d / "tok"), "--params", p])
+    shard.main([str(d / "raw"), str(d / "tok"), str(d / "shards"), "--params", p])
+    return d
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_sigkill_then_resume_is_bit_exact_on_the_gpu(corpus, tmp_path, precision):
+    out = kill_and_resume(corpus, tmp_path, precision=precision)
+    assert f"training in {precision} on cuda" in out
+    ckpt = checkpoint.load(checkpoint.step_path(tmp_path / "full", 40))
+    if precision == "fp16":  # gradient scaling ran, and its state is what resumed
+        assert ckpt["scaler"]["scale"] > 0
+    else:
+        assert ckpt["scaler"] is None
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_fp32_decoding_on_the_gpu_is_the_cpus(copy_model, sources, beam_size):  # noqa: F811
+    cap = torch.full((len(sources),), 12)
+    ref = beam_search(Decoder(copy_model), sources, beam_size, 0.6, cap)
+    gpu = Decoder(copy_model, device="cuda")
+    assert gpu.model.output_weight.is_cuda
+    assert beam_search(gpu, sources, beam_size, 0.6, cap) == ref
+    assert beam_search(gpu, sources, beam_size, 0.6, cap, use_cache=False) == ref
+
+
+def test_bf16_decoding_on_the_gpu_mostly_agrees(copy_model, sources):  # noqa: F811
+    srcs = [r[r.ne(0)].tolist() for r in sources]
+    ref = translate_ids(Decoder(copy_model), srcs, DecodeConfig())
+    got = translate_ids(Decoder(copy_model, "bf16", device="cuda"), srcs, DecodeConfig())
+    assert sum(a == b for a, b in zip(ref, got)) >= len(srcs) // 2
+
+
+def test_translate_cli_on_the_gpu(model_files, tmp_path):  # noqa: F811
+    model, tok = model_files
+    src, outs = tmp_path / "in.txt", []
+    src.write_text("the cat sat\n\nwe read a book\n")
+    for device in ("cpu", "cuda"):
+        outs.append(tmp_path / f"{device}.txt")
+        decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o",
+                     str(outs[-1]), "--beam-size", "2", "--no-progress", "--device", device,
+                     "--params", str(empty_params(tmp_path))])
+    assert outs[0].read_text() == outs[1].read_text()
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_output_loss_on_the_gpu(fused, monkeypatch):
+    monkeypatch.setattr(_OutputCE, "CHUNK_ELEMENTS_GPU", 50 * 16)  # 16 rows: many chunks
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(37, 8, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(50, 8, device="cuda", generator=g, requires_grad=True)
+    y = torch.randint(0, 50, (37,), device="cuda", generator=g)
+    loss, nll = output_loss(h, w, y, 0.1, fused)
+    ref = F.cross_entropy(h @ w.T, y, label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close((loss, nll), (ref, F.cross_entropy(h @ w.T, y, reduction="sum")))
+    grads = torch.autograd.grad(2.0 * loss, (h, w))
+    torch.testing.assert_close(grads, torch.autograd.grad(2.0 * ref, (h, w)), rtol=1e-4,
+                               atol=1e-5)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low, _ = output_loss(h, w, y, 0.1, fused)
+    torch.testing.assert_close(low, ref, rtol=2e-2, atol=0.0)
