@@ -15,10 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_decode import copy_model, empty_params, model_files, sources  # noqa: F401 (fixtures)
-from test_train import kill_and_resume, write_params
+from test_train import MODEL, TRAIN, kill_and_resume, write_params
 
-from transformer import checkpoint, decode, shard, tokenizer
-from transformer.config import DecodeConfig
+from transformer import checkpoint, decode, precision, shard, tokenizer, train
+from transformer.clock import Clock
+from transformer.config import DecodeConfig, ModelConfig, TrainConfig
+from transformer.data import BatchSampler, load_split
 from transformer.decode import beam_search, translate_ids
 from transformer.incremental import Decoder
 from transformer.ops import _OutputCE, output_loss
@@ -99,3 +101,44 @@ def test_output_loss_on_the_gpu(fused, monkeypatch):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         low, _ = output_loss(h, w, y, 0.1, fused)
     torch.testing.assert_close(low, ref, rtol=2e-2, atol=0.0)
+
+
+@pytest.mark.parametrize("over", [
+    {},
+    {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "output_vocab": "target"},
+    {"precision": "fp16", "fused_adam": True, "clip_norm": 1.0},  # GradScaler syncs unless fused
+])
+def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
+    """What the loop does between log, validation and checkpoint points (batches, the clock's
+    collective, the rate, the update, the loss sums) makes no host<->device sync: the host
+    queues updates ahead of the GPU. CUDA's sync debug mode makes any sync an error."""
+    mcfg = ModelConfig(**MODEL, output_vocab=over.get("output_vocab", "shared"))
+    tcfg = TrainConfig(**{**TRAIN, **{k: v for k, v in over.items() if k != "output_vocab"}})
+    device = torch.device("cuda")
+    vocab = tokenizer.load_tokenizer(corpus / "tok").get_vocab_size()
+    data, valid = load_split(corpus / "shards", "train"), load_split(corpus / "shards", "valid")
+    torch.manual_seed(tcfg.seed)
+    learner = train.Learner(mcfg, tcfg, vocab, train.output_ids(mcfg, vocab, data, valid), device,
+                            precision.resolve_precision(tcfg.precision, device, "train.precision"))
+    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
+    stream, clock = train.batch_stream(data, sampler), Clock(tcfg, 0, 0.0, finished=False)
+    losses = train.LossSums(device, 0)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+
+    def update(step: int) -> None:  # as train() does it
+        batches = [next(stream) for _ in range(tcfg.update_freq)]
+        n_tokens = clock.tick(step, sum(train.n_targets(b) for _, b in batches))
+        lr = train.rate(step, tcfg, mcfg.d_model, clock.progress(step - 1))
+        losses.add(learner.step([b for _, b in batches], n_tokens, lr), n_tokens)
+
+    update(1)  # the first update creates Adam's state and CUDA's workspaces
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(2, 6):
+            update(step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    losses.read(5)  # a log point: the sums are read, and finite
+    assert losses.take()["train/loss"] > 0
+    after = learner.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained

@@ -169,50 +169,6 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     assert [int(x) for x in valid[2::2]] == [3, 6]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the syncs checked are CUDA's")
-@pytest.mark.parametrize("over", [
-    {},
-    {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "output_vocab": "target"},
-    {"precision": "fp16", "fused_adam": True, "clip_norm": 1.0},  # GradScaler syncs unless fused
-])
-def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
-    """What the loop does between log, validation and checkpoint points (batches, the clock's
-    collective, the rate, the update, the loss sums) makes no host<->device sync: the host
-    queues updates ahead of the GPU. CUDA's sync debug mode makes any sync an error."""
-    from transformer.clock import Clock
-    from transformer.config import ModelConfig
-
-    mcfg = ModelConfig(**MODEL, output_vocab=over.get("output_vocab", "shared"))
-    tcfg = TrainConfig(**{**TRAIN, **{k: v for k, v in over.items() if k != "output_vocab"}})
-    device, vocab = torch.device("cuda"), 300
-    data, valid = load_split(corpus / "shards", "train"), load_split(corpus / "shards", "valid")
-    torch.manual_seed(tcfg.seed)
-    learner = train.Learner(mcfg, tcfg, vocab, train.output_ids(mcfg, vocab, data, valid), device,
-                            precision.resolve_precision(tcfg.precision, device, "train.precision"))
-    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
-    stream, clock = train.batch_stream(data, sampler), Clock(tcfg, 0, 0.0, finished=False)
-    losses = train.LossSums(device, 0)
-    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-
-    def update(step: int) -> None:  # as train() does it
-        batches = [next(stream) for _ in range(tcfg.update_freq)]
-        n_tokens = clock.tick(step, sum(train.n_targets(b) for _, b in batches))
-        lr = train.rate(step, tcfg, mcfg.d_model, clock.progress(step - 1))
-        losses.add(learner.step([b for _, b in batches], n_tokens, lr), n_tokens)
-
-    update(1)  # the first update creates Adam's state and CUDA's workspaces
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for step in range(2, 6):
-            update(step)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    losses.read(5)  # a log point: the sums are read, and finite
-    assert losses.take()["train/loss"] > 0
-    after = learner.model.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
-
-
 def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
     kill_and_resume(corpus, tmp_path)
 
