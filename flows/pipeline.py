@@ -68,8 +68,10 @@ def run_stages(
 
 
 def save_experiment(project: Path, dag: dict[str, Stage], name: str) -> str:
-    """`dvc exp save` the workspace, with the git-ignored uncached metrics; the exp commit."""
-    uncached = [p for s in dag.values() for p in s.uncached if (project / p).exists()]
+    """`dvc exp save` the workspace, with the git-ignored uncached metrics; the exp commit.
+    (Not other uncached outputs, such as the checkpoints: the workspace keeps those, not git.)"""
+    uncached = [p for s in dag.values() for p in s.uncached
+                if p in s.metrics + s.plots and (project / p).exists()]
     include = [a for p in uncached for a in ("--include-untracked", p)]
     msg = f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})"
     dvc("exp", "save", "--force", "-n", name, "-m", msg, *include, cwd=project)
