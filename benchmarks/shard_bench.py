@@ -3,7 +3,7 @@
     python benchmarks/shard_bench.py --workdir /tmp/tokshard_bench        # 1M and 4.5M pairs
     python benchmarks/shard_bench.py --pairs 200000 400000
 
-The corpora come from tokenizer_bench.make_corpus (reused when present in --workdir); the
+The corpora come from wmt_corpus.make_corpus (reused when present in --workdir); the
 tokenizer is the one tokenizer_bench trained there (37k joint BPE on 4.5M pairs) when present,
 else a 37k BPE trained here on the first corpus. Each shard run is a fresh process, so its
 peak RSS is its own. Goal (issue 5): peak RSS <= 2 GiB, and flat between 1M and 4.5M pairs.
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 from padding_bench import efficiency
-from tokenizer_bench import ROOT, make_corpus, run_stage
+from tokenizer_bench import run_stage
+from wmt_corpus import ROOT, make_corpus
 
 sys.path.insert(0, str(ROOT))
 from transformer.data import BatchSampler, load_split

@@ -131,11 +131,13 @@ def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> t
 
 
 def save_experiment(ws: Path, dag: dict[str, Stage], name: str, recipe: dict[str, Any]) -> str:
-    """`dvc exp save` the workspace, with the git-ignored uncached metrics; the exp commit.
-    The recipe goes into the commit message, where registry.record_at reads it back."""
+    """`dvc exp save` the workspace, with the git-ignored uncached metrics and plots (not other
+    uncached outputs, such as the checkpoints: the workspace keeps those, not git); the exp
+    commit. The recipe goes into the commit message, where registry.record_at reads it back."""
     import json
 
-    uncached = [p for s in dag.values() for p in s.uncached if (ws / p).exists()]
+    uncached = [p for s in dag.values() for p in s.uncached
+                if p in s.metrics + s.plots and (ws / p).exists()]
     include = [a for p in uncached for a in ("--include-untracked", p)]
     msg = (f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})\n\n"
            f"recipe: {json.dumps(recipe)}")

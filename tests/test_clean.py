@@ -26,13 +26,12 @@ def test_line_breaks_never_survive(brk):
 
 def test_pair_filter_reasons():
     cfg = CleanConfig(min_words=2, max_words=5, max_ratio=1.5)
-    assert pair_filter("", "x y", cfg, lengths=True) == "empty"
-    assert pair_filter("a", "b c", cfg, lengths=True) == "too_short"
-    assert pair_filter("a b c d e f", "a b c", cfg, lengths=True) == "too_long"
-    assert pair_filter("a b c d", "a b", cfg, lengths=True) == "ratio"  # 4 > 1.5 * 2
-    assert pair_filter("a b c", "a b", cfg, lengths=True) is None  # 3 = 1.5 * 2 is kept
-    assert pair_filter("a b c d", "a b", CleanConfig(max_ratio=0), lengths=True) is None
-    assert pair_filter("a", "b c d e f g h", cfg, lengths=False) is None  # eval sets: no bounds
+    assert pair_filter("", "x y", cfg) == "empty"
+    assert pair_filter("a", "b c", cfg) == "too_short"
+    assert pair_filter("a b c d e f", "a b c", cfg) == "too_long"
+    assert pair_filter("a b c d", "a b", cfg) == "ratio"  # 4 > 1.5 * 2
+    assert pair_filter("a b c", "a b", cfg) is None  # 3 = 1.5 * 2 is kept
+    assert pair_filter("a b c d", "a b", CleanConfig(max_ratio=0)) is None
 
 
 def test_hashes_deterministic_and_distinct():

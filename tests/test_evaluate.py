@@ -148,6 +148,7 @@ def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
     hyps = d / "eval" / "hyps.test.txt"
     assert len(hyps.read_text(encoding="utf-8").split("\n")) == len(LINES) + 1
     assert m["split"] == "test" and m["beam_size"] == 2 and m["n_sentences"] == len(LINES)
+    assert m["reference_cleanup"] == "none"  # the references as released (download.clean)
     assert m["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert {"chrf", TOK_BLEU, "chrf_signature"} <= set(m)
     assert m["lineage"]["averaged_steps"] == [1, 2]

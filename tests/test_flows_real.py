@@ -82,6 +82,35 @@ def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
         assert "missing" not in table, table  # every lineage key found in the real metrics
         assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
         assert len(run_logs(first)) <= 150  # progress bars reach the log at a bounded rate
+        # the experiment commit holds the metrics, never the (uncached) checkpoints
+        exp_commit = table["experiment_commit"]
+        committed = sh("git", "ls-tree", "-r", "--name-only", exp_commit, cwd=project).split()
+        assert "dvc.lock" in committed
+        assert not [f for f in committed if f.startswith("data/checkpoints")]
+        # links, not copies: the cache adds no second copy of the shards; checkpoints not cached
+        shard = next((ws / "data/shards/train").glob("*.bin"))
+        assert shard.stat().st_nlink == 2
+        cached = list((project / ".dvc/cache").rglob("*"))
+        ckpt = next((ws / "data/checkpoints").glob("step_*.pt")).stat().st_size
+        assert ckpt not in {f.stat().st_size for f in cached if f.is_file()}
+        # another machine: the experiment's commit + dvc pull is up to date, metrics and curves
+        # too; the checkpoints stayed behind, which `--allow-missing` accepts
+        dvc = (sys.executable, "-m", "dvc")
+        sh(*dvc, "push", cwd=ws)
+        clone = tmp_path / "clone"
+        sh("git", "clone", "-q", str(project), str(clone), cwd=tmp_path)
+        sh("git", "fetch", "-q", "origin", "+refs/exps/*:refs/exps/*", cwd=clone)
+        sh("git", "checkout", "-q", exp_commit, cwd=clone)
+        sh(*dvc, "pull", "--allow-missing", cwd=clone)
+        assert dvc_json(clone, "status") == {
+            "train": [{"changed outs": {"data/checkpoints": "deleted"}}],
+            "average": [{"changed deps": {"data/checkpoints": "deleted"}}],
+        }
+        assert "Data and pipelines are up to date" in sh(*dvc, "repro", "--allow-missing",
+                                                         "--dry", cwd=clone)
+        bleu = json.loads((clone / "data/metrics/evaluate.json").read_text())["bleu"]
+        assert bleu == float(table["bleu"])
+        assert (clone / "data/live/plots/metrics/train/loss.tsv").is_file()
         # a longer run, killed with its serve process once it has written checkpoints
         longer = [*TINY[:-5], "train.max_steps=60", "train.save_every_steps=10",
                   "train.valid_every_steps=30", "average.last_k=2", "decode.beam_size=1"]

@@ -55,7 +55,7 @@ def test_survives_default_cleaning_and_stays_short():
     cfg = CleanConfig()
     for en, de in synthetic.generate(SMALL)["train"]:
         assert normalize(en, cfg) == en and normalize(de, cfg) == de
-        assert pair_filter(en, de, cfg, lengths=True) is None
+        assert pair_filter(en, de, cfg) is None
         assert 5 <= len(en.split()) <= 15
 
 

@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import yaml
 
@@ -57,7 +58,21 @@ class CleanConfig:
     max_ratio: float = 1.5  # word-count ratio bound; 0 disables
     dedup: bool = True  # drop exact duplicate pairs in train
     drop_eval_overlap: bool = True  # drop train pairs whose src or tgt is in valid/test
-    filter_eval: bool = False  # also length/ratio/dedup-filter valid and test (off: keep them whole)
+    # valid / test: off, they stay as released (as sacreBLEU reads them); on, the filters above
+    # and the normalisation (control, NFC, whitespace) apply to them too, labelled in the metrics
+    filter_eval: bool = False
+    normalize_eval: bool = False
+
+    def eval_cleanup(self) -> str:
+        """What the download stage changes in valid and test, in words: the label the manifest
+        and the evaluate metrics carry ("none": as released, as sacreBLEU reads the file)."""
+        done = []
+        if self.normalize_eval:
+            steps = [k for k in ("remove_control", "nfc", "normalize_whitespace") if getattr(self, k)]
+            done.append(f"normalized ({', '.join(['line breaks', *steps])})")
+        if self.filter_eval:
+            done.append("filtered (empty, length, ratio, duplicates)")
+        return "; ".join(done) or "none"
 
 
 @dataclass
@@ -102,6 +117,9 @@ class DownloadConfig:
     hf_revision: str = ""  # a Hub commit / tag; empty: the default branch
     hf_cache_dir: str = ""  # datasets' cache; empty: its default ($HF_DATASETS_CACHE or ~/.cache)
     cache_dir: str = ".cache/download"  # downloads (resumable .part files) and extracted archives
+    # an http(s) URL whose scheme and host (and path, put first) replace those of every part URL:
+    # a local copy of www.statmt.org, e.g. http://127.0.0.1:8000; empty: the URLs as written
+    mirror: str = ""
     retries: int = 5  # HTTP attempts after the first, with exponential backoff
     backoff: float = 2.0  # seconds before the first retry, doubled each time
     timeout: float = 60.0  # seconds without data before an HTTP attempt fails
@@ -111,6 +129,10 @@ class DownloadConfig:
         _at_least("download", self, 0, "retries", "backoff")
         if self.timeout <= 0:
             raise ConfigError(f"download.timeout must be > 0 seconds, got {self.timeout}")
+        mirror = urlparse(self.mirror)
+        if self.mirror and (mirror.scheme not in ("http", "https") or not mirror.netloc):
+            raise ConfigError(f"download.mirror must be an http(s)://host[:port] URL, "
+                              f"got {self.mirror!r}")
 
 
 # ----------------------------------------------------------------------------- tokenizer

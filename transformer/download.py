@@ -5,7 +5,12 @@ wmt (the WMT organisers' tarballs and SGM test sets over HTTP(S)), hf (Hugging F
 One streaming pass per file: read, clean, write. valid and test go first so that train pairs
 overlapping them can be dropped; everything is built in a temporary folder that replaces
 out_dir only when complete, and the manifest (a DVC metric) records per split and part the
-lines read, kept and dropped by reason, plus the sha256 of every output file.
+lines read, kept and dropped by reason, the clean-up each split got, and the sha256 of every
+output file.
+
+valid and test reach data/raw as sacreBLEU reads the same release file (its SGM extraction
+included), every pair kept: the clean-up (download.clean) changes train only unless
+clean.normalize_eval / clean.filter_eval opt in, and a line that is not UTF-8 stops the stage.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from transformer import config
 from transformer.clean import Counts, HashSet, hashes, normalize, pair_filter
 from transformer.config import ConfigError, DownloadConfig
 from transformer.files import atomic_dir, sha256_file, write_json
-from transformer.sources import SPLITS, Part, SourceError, parts_for
+from transformer.sources import SPLITS, BadText, Part, SourceError, parts_for
 
 log = logging.getLogger("transformer.download")
 CHUNK = 8192  # pairs per vectorised dedup / overlap step: bounds memory, amortises numpy calls
@@ -40,19 +45,25 @@ class _Eval:
         self.src, self.tgt = HashSet(), HashSet()
 
 
-def _decode(text: str | bytes, part: Part, line_no: int, bad: list[int]) -> str | None:
-    try:
-        if isinstance(text, str):
-            text.encode("utf-8")  # a lone surrogate ("\ud83d" is valid JSON) is not text
-            return text
-        return text.decode("utf-8").rstrip("\r\n")
-    except (UnicodeDecodeError, UnicodeEncodeError) as e:
-        if len(bad) < MAX_LOGGED:
-            log.warning(
-                "%s: line %d: invalid UTF-8 (%s), pair dropped", part.name, line_no, e.reason
-            )
-        bad.append(line_no)
-        return None
+def _checked(text, part: Part, line_no: int):
+    """`text`, or a BadText if it is a str that UTF-8 cannot encode (a lone surrogate such as
+    "\\ud83d" is valid JSON, but not text)."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return BadText(part.name, line_no, e.reason)
+    return text
+
+
+def _one_line(text: str, split: str, where: str) -> str:
+    """An eval sentence as it is, if a line file can hold it unchanged; else a DownloadError."""
+    if "\n" in text or text.endswith("\r"):
+        raise DownloadError(
+            f"{where}: a {split} sentence holds a line break, which data/raw/{split}.* cannot "
+            "keep without changing it (set download.clean.normalize_eval: true to make it a space)"
+        )
+    return text
 
 
 def clean_part(
@@ -60,24 +71,35 @@ def clean_part(
 ) -> Counts:
     """Stream one part through the filters into the open (src, tgt) files `out`; its counts."""
     cc, is_train = cfg.clean, split == "train"
-    counts, bad, chunk = Counts(), [], []
+    normalized, filtered = is_train or cc.normalize_eval, is_train or cc.filter_eval
+    counts, bad, chunk = Counts(), 0, []
     for line_no, raw_src, raw_tgt in tqdm(
         part.open(), desc=f"{split}: {part.name}", unit=" pairs", mininterval=1.0, leave=False
     ):
         counts.read += 1
-        if not all(isinstance(x, (str, bytes)) for x in (raw_src, raw_tgt)):
-            if raw_src is not None or raw_tgt is not None:  # (both None: the reader said why)
+        src, tgt = (_checked(x, part, line_no) for x in (raw_src, raw_tgt))
+        if not all(isinstance(x, (str, BadText)) for x in (src, tgt)):
+            if src is not None or tgt is not None:  # (both None: the reader said why)
                 log.warning("%s: line %d: a value that is not text, pair dropped", part.name,
                             line_no)
             counts.dropped["malformed"] += 1
             continue
-        src = _decode(raw_src, part, line_no, bad)  # tgt only then: a line is logged once
-        tgt = _decode(raw_tgt, part, line_no, bad) if src is not None else None
-        if src is None or tgt is None:
+        invalid = next((x for x in (src, tgt) if isinstance(x, BadText)), None)
+        if invalid is not None:
+            if not is_train:
+                raise DownloadError(f"{invalid}: the {split} set is never shortened; "
+                                    "replace the file (or fix that line)")
+            bad += 1
+            if bad <= MAX_LOGGED:
+                log.warning("%s, pair dropped", invalid)
             counts.dropped["invalid_utf8"] += 1
             continue
-        src, tgt = normalize(src, cc), normalize(tgt, cc)
-        reason = pair_filter(src, tgt, cc, lengths=is_train or cc.filter_eval)
+        if normalized:
+            src, tgt = normalize(src, cc), normalize(tgt, cc)
+        else:
+            where = f"{part.name}: line {line_no}"
+            src, tgt = _one_line(src, split, where), _one_line(tgt, split, where)
+        reason = pair_filter(src, tgt, cc) if filtered else None
         if reason:
             counts.dropped[reason] += 1
             continue
@@ -85,8 +107,8 @@ def clean_part(
         if len(chunk) >= CHUNK:
             _flush(chunk, split, cfg, dedup, evals, out, counts)
     _flush(chunk, split, cfg, dedup, evals, out, counts)
-    if len(bad) > MAX_LOGGED:
-        log.warning("%s: %d more invalid UTF-8 lines dropped", part.name, len(bad) - MAX_LOGGED)
+    if bad > MAX_LOGGED:
+        log.warning("%s: %d more invalid UTF-8 lines dropped", part.name, bad - MAX_LOGGED)
     return counts
 
 
@@ -108,9 +130,10 @@ def _flush(
         fresh[keep] = dedup.add_new(pair_h[keep])
         counts.dropped["duplicate"] += int((keep & ~fresh).sum())
         keep = fresh
-    if split != "train":
-        evals.src.add(src_h[keep])
-        evals.tgt.add(tgt_h[keep])
+    if split != "train":  # train is compared in its normalised form, whatever eval's is
+        kept = [pair for pair, k in zip(chunk, keep) if k]
+        evals.src.add(hashes([normalize(s, cc) for s, _ in kept]))
+        evals.tgt.add(hashes([normalize(t, cc) for _, t in kept]))
     f_src, f_tgt = out
     for (s, t), k in zip(chunk, keep):
         if k:
@@ -127,6 +150,7 @@ def download(cfg: DownloadConfig, out_dir: Path) -> dict:
         "source": cfg.source,
         "src_lang": cfg.src_lang,
         "tgt_lang": cfg.tgt_lang,
+        "eval_cleanup": cfg.clean.eval_cleanup(),
         "splits": {},
     }
     evals = _Eval()
@@ -135,8 +159,8 @@ def download(cfg: DownloadConfig, out_dir: Path) -> dict:
             total, per_part, dedup = Counts(), {}, HashSet()
             paths = [tmp / f"{split}.{lang}" for lang in langs]
             with (
-                open(paths[0], "w", encoding="utf-8") as fs,
-                open(paths[1], "w", encoding="utf-8") as ft,
+                open(paths[0], "w", encoding="utf-8", newline="\n") as fs,
+                open(paths[1], "w", encoding="utf-8", newline="\n") as ft,
             ):
                 for part in parts_for(cfg, split):
                     c = clean_part(part, split, cfg, dedup, evals, (fs, ft))

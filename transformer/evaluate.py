@@ -121,6 +121,7 @@ def evaluate_split(
     ev: EvaluateConfig,
     hyps_name: str,
     progress: bool = True,
+    cleanup: str = "none",
 ) -> dict:
     """Translate raw_dir/{split}.{src}, save the hypotheses, score them against {split}.{tgt}."""
     src, refs = (read_split(raw_dir, split, lang) for lang in langs)
@@ -138,6 +139,7 @@ def evaluate_split(
         "split": split,
         "n_sentences": len(src),
         **score(hyps, refs, langs[1], ev.tokenized_bleu),
+        "reference_cleanup": cleanup,  # "none": the references as released
         "beam_size": cfg.beam_size,
         "length_penalty": cfg.length_penalty,
         "precision": cfg.precision,
@@ -171,6 +173,7 @@ def run(args: argparse.Namespace) -> dict:
                 ev,
                 f"hyps.{tag}.txt",
                 not args.no_progress,
+                dl.clean.eval_cleanup(),
             )
             r = runs[tag]
             tok = f" tokenized compound-split BLEU {r[TOK_BLEU]:.2f}" if TOK_BLEU in r else ""

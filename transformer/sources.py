@@ -1,7 +1,10 @@
-"""Corpus sources as streams of raw (line number, src, tgt) records, one `Part` per SourceSpec.
+"""Corpus sources as streams of (line number, src, tgt) records, one `Part` per SourceSpec.
 
-Readers yield bytes where they can (decoded, and dropped if invalid, by the download stage),
-or None for a side that a malformed line lacks. Nothing here holds more than one line of a file.
+Readers decode each line (a side that is not UTF-8 becomes a `BadText` naming its file and line,
+for the download stage to drop from train and to stop on in valid/test) and yield None for a side
+that a malformed line lacks. valid and test lines come out as sacreBLEU reads the same file:
+a WMT SGM file through its fake-SGML rule, a text file through its plain-text rule (`rstrip()`).
+Nothing here holds more than one line of a file.
 """
 
 from __future__ import annotations
@@ -26,11 +29,26 @@ log = logging.getLogger("transformer.download")
 SPLITS = ("train", "valid", "test")
 FORMATS = ("text", "sgm", "tsv", "jsonl", "hf")
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
-SEG = re.compile(rb"<seg.*?>(.*)</seg>.*?")  # sacreBLEU's fake-SGML rule, on bytes
+# sacreBLEU's fake-SGML rule (dataset/fake_sgml.py), applied to the decoded line as it does
+SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
 
-Record = tuple[int, "str | bytes | None", "str | bytes | None"]
+__all__ = ["SPLITS", "BadText", "Part", "Record", "SourceError", "parts_for"]
 
-__all__ = ["SPLITS", "Part", "Record", "SourceError", "parts_for"]
+
+@dataclass(frozen=True)
+class BadText:
+    """A side that is not valid UTF-8 text: where it is (file or part, and line), and why."""
+
+    where: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: line {self.line}: invalid UTF-8 ({self.reason})"
+
+
+Side = "str | BadText | None"
+Record = tuple[int, Side, Side]
 
 
 @dataclass
@@ -50,9 +68,9 @@ def parts_for(cfg: DownloadConfig, split: str) -> list[Part]:
         raise SourceError(
             f"unknown split download.splits.{unknown[0]} (valid: {', '.join(SPLITS)})"
         )
-    specs = cfg.splits.get(split)
-    if not specs and cfg.source == "hf":
-        specs = [SourceSpec(format="hf", hf_split=HF_SPLITS[split])]
+    specs = cfg.splits.get(split) or []
+    if cfg.source == "hf":
+        specs = _hf_specs(cfg, split, specs)
     if not specs:
         raise SourceError(
             f"download.splits.{split} is empty: the {cfg.source} source needs its "
@@ -64,7 +82,20 @@ def parts_for(cfg: DownloadConfig, split: str) -> list[Part]:
                 f"download.splits.{split}[{i}].format: unknown {spec.format!r} "
                 f"(valid: {', '.join(FORMATS)})"
             )
-    return [Part(_name(spec, cfg), functools.partial(_records, cfg, spec)) for spec in specs]
+    return [Part(_name(spec, cfg), functools.partial(_records, cfg, spec, split != "train"))
+            for spec in specs]
+
+
+def _hf_specs(cfg: DownloadConfig, split: str, specs: list[SourceSpec]) -> list[SourceSpec]:
+    """Under source hf, a split's hf parts; the wmt / local parts a preset lists do not apply,
+    so `download.source: hf` alone switches a wmt14 preset to its Hub copy."""
+    hf = [s for s in specs if s.format == "hf"]
+    if len(hf) < len(specs):
+        log.info("download.source is hf: the %d non-hf part(s) in download.splits.%s do not "
+                 "apply; reading %s", len(specs) - len(hf), split,
+                 ", ".join(_name(s, cfg) for s in hf) or
+                 f"{cfg.hf_path} ({cfg.hf_name}, split {HF_SPLITS[split]})")
+    return hf or [SourceSpec(format="hf", hf_split=HF_SPLITS[split])]
 
 
 def _name(spec: SourceSpec, cfg: DownloadConfig) -> str:
@@ -96,15 +127,16 @@ def _synthetic(cfg: DownloadConfig, split: str) -> Iterator[Record]:
 
 
 # ----------------------------------------------------------------------------- files
-def _records(cfg: DownloadConfig, spec: SourceSpec) -> Iterator[Record]:
+def _records(cfg: DownloadConfig, spec: SourceSpec, evaluation: bool) -> Iterator[Record]:
+    """`evaluation`: a valid / test part, whose text lines are read as sacreBLEU reads them."""
     if spec.format == "hf":
         yield from _hf(cfg, spec)
         return
     files = _locate(cfg, spec)
     if spec.format == "text":
-        yield from _aligned(files, _lines)
+        yield from _aligned(files, functools.partial(_text, plain=evaluation), "lines")
     elif spec.format == "sgm":
-        yield from _aligned(files, _segments)
+        yield from _aligned(files, _segments, "segments")
     elif spec.format == "tsv":
         yield from _tsv(files[0])
     else:
@@ -138,6 +170,8 @@ def _locate(cfg: DownloadConfig, spec: SourceSpec) -> list[Path]:
 
 def _fetch(cfg: DownloadConfig, where: str, sha256: str) -> Path:
     if wmt.is_url(where):
+        if cfg.mirror:
+            where = wmt.mirrored(where, cfg.mirror)
         return wmt.fetch(
             where, Path(cfg.cache_dir) / "downloads", sha256, cfg.retries, cfg.backoff, cfg.timeout
         )
@@ -158,28 +192,55 @@ def _lines(path: Path) -> Iterator[bytes]:
         yield from f  # binary mode: lines end at b"\n" only, never at a stray \r or \x85
 
 
-def _segments(path: Path) -> Iterator[bytes]:
-    """The <seg> texts of a WMT (fake) SGM file, extracted as sacreBLEU does."""
-    for line in _lines(path):
-        if line.startswith(b"<seg "):
-            yield b" ".join(SEG.sub(rb"\1", line).split())
+def _decoded(raw: bytes, path: Path, n: int) -> str | BadText:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadText(str(path), n, e.reason)
 
 
-def _aligned(files: list[Path], read: Callable[[Path], Iterator[bytes]]) -> Iterator[Record]:
+def _text(path: Path, plain: bool = False) -> Iterator[tuple[int, str | BadText]]:
+    """(line number, line) of a text file, without its line end. `plain`: also without trailing
+    whitespace, as sacreBLEU's PlainTextDataset reads a test set (`line.rstrip()`)."""
+    for n, raw in enumerate(_lines(path), 1):
+        line = _decoded(raw, path, n)
+        if isinstance(line, str):
+            line = line.rstrip() if plain else line.rstrip("\r\n")
+        yield n, line
+
+
+def _segments(path: Path) -> Iterator[tuple[int, str | BadText]]:
+    """(line number, text) of each <seg> of a WMT (fake) SGM file, as sacreBLEU's
+    FakeSGMLDataset extracts it: the lines that start with "<seg ", through SEG, then stripped
+    and each run of whitespace made one space (Unicode whitespace: str.split)."""
+    for n, raw in enumerate(_lines(path), 1):
+        if not raw.startswith(b"<seg "):
+            continue
+        line = _decoded(raw, path, n)
+        if isinstance(line, str):
+            text, found = SEG.subn(r"\1", line)
+            if not found:  # sacreBLEU would keep the tag in the text
+                raise SourceError(f"{path}: line {n}: <seg> without </seg> on the same line")
+            line = " ".join(text.split())
+        yield n, line
+
+
+def _aligned(files: list[Path], read: Callable[[Path], Iterator[tuple[int, Side]]],
+             unit: str) -> Iterator[Record]:
     src, tgt = files
     n = 0
     try:
-        for n, (a, b) in enumerate(zip_longest(read(src), read(tgt)), 1):
+        for a, b in zip_longest(read(src), read(tgt)):
             if a is None or b is None:
-                raise _mismatch(files, read)  # recounts both: the error names both counts
-            yield n, a, b
+                raise _mismatch(files, read, unit)  # recounts both: the error names both counts
+            n = a[0]
+            yield n, a[1], b[1]  # numbered by the source file's lines
     except (OSError, EOFError) as e:
         raise SourceError(f"{src} / {tgt}: read failed after line {n}: {e}") from e
 
 
-def _mismatch(files: list[Path], read: Callable[[Path], Iterator[bytes]]) -> SourceError:
+def _mismatch(files: list[Path], read: Callable, unit: str) -> SourceError:
     n_src, n_tgt = (sum(1 for _ in read(f)) for f in files)
-    unit = "lines" if read is _lines else "segments"
     return SourceError(
         f"parallel files differ in length: {files[0]} has {n_src} {unit}, "
         f"{files[1]} has {n_tgt}; nothing was written"
@@ -187,8 +248,12 @@ def _mismatch(files: list[Path], read: Callable[[Path], Iterator[bytes]]) -> Sou
 
 
 def _tsv(path: Path) -> Iterator[Record]:
-    for n, line in enumerate(_lines(path), 1):
-        cols = line.rstrip(b"\r\n").split(b"\t")
+    for n, raw in enumerate(_lines(path), 1):
+        line = _decoded(raw, path, n)
+        if isinstance(line, BadText):
+            yield n, line, line
+            continue
+        cols = line.rstrip("\r\n").split("\t")
         if len(cols) == 2 or not line.strip():  # a blank line: counted as an empty pair
             yield n, cols[0], cols[-1]
         else:  # a missing or an extra column: which side is which cannot be known
@@ -198,11 +263,12 @@ def _tsv(path: Path) -> Iterator[Record]:
 
 def _jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Record]:
     for n, line in enumerate(_lines(path), 1):
-        try:
-            pair = json.loads(line.decode("utf-8"))["translation"]
-        except UnicodeDecodeError:
-            yield n, line, line  # the stage drops it as invalid UTF-8, with the line number
+        text = _decoded(line, path, n)
+        if isinstance(text, BadText):
+            yield n, text, text  # the stage drops it (train) or stops (valid / test)
             continue
+        try:
+            pair = json.loads(text)["translation"]
         except (ValueError, KeyError, TypeError):
             log.warning('%s: line %d: not {"translation": {...}} JSON, dropped', path, n)
             yield n, None, None

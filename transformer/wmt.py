@@ -15,7 +15,7 @@ import tarfile
 import time
 import zlib
 from pathlib import Path, PurePosixPath
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlunparse
 
 import requests
 import urllib3
@@ -37,6 +37,15 @@ class _Transient(Exception):
 
 def is_url(where: str) -> bool:
     return urlparse(where).scheme in ("http", "https")
+
+
+def mirrored(url: str, mirror: str) -> str:
+    """`url` on `mirror`: its scheme and host replaced by the mirror's, the mirror's path (if
+    any) put before its own, e.g. https://www.statmt.org/wmt14/dev.tgz on http://127.0.0.1:8000
+    is http://127.0.0.1:8000/wmt14/dev.tgz."""
+    u, m = urlparse(url), urlparse(mirror)
+    return urlunparse(u._replace(scheme=m.scheme, netloc=m.netloc,
+                                 path=m.path.rstrip("/") + u.path))
 
 
 def is_archive(where: str) -> bool:
