@@ -1,6 +1,7 @@
 """The download stage end to end: every source, the cleaning counts, faults and atomicity."""
 
 import gzip
+import hashlib
 import io
 import json
 import logging
@@ -358,7 +359,7 @@ def test_a_cached_download_is_checked_against_its_sha256(tmp_path, server):
     import hashlib
 
     run_cli(tmp_path, wmt_cfg(tmp_path, server.url))  # cached, no sha256 given
-    (cached,) = (tmp_path / "cache" / "downloads").iterdir()
+    (cached,) = (tmp_path / "cache" / "downloads").glob("*.tgz")  # beside it, its validators
     cached.write_bytes(TGZ[:100])  # damaged in the cache since
     _, m = run_cli(tmp_path, wmt_cfg(tmp_path, server.url, hashlib.sha256(TGZ).hexdigest()))
     assert cached.read_bytes() == TGZ and m["splits"]["train"]["kept"] == 3000  # fetched again
@@ -377,6 +378,60 @@ def test_a_replaced_archive_of_the_same_name_is_extracted_afresh(tmp_path):
             f"{word} {lang} {i}\n" for i in range(5)).encode() for lang in ("en", "de")}))
         out, _ = run_cli(tmp_path, cfg)
         assert lines(out / "train.en")[0] == f"{word} en 0"
+
+
+class Moving(BaseHTTPRequestHandler):
+    """One file whose content changes, with an ETag and If-None-Match (304), as a web server."""
+
+    body, requests, down = b"", [], False
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        if Moving.down:
+            return self.send_error(503)
+        etag = f'"{hashlib.sha256(Moving.body).hexdigest()[:16]}"'
+        Moving.requests.append(self.headers.get("If-None-Match"))
+        if self.headers.get("If-None-Match") == etag:
+            self.send_response(304)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("ETag", etag)
+        self.send_header("Content-Length", str(len(Moving.body)))
+        self.end_headers()
+        self.wfile.write(Moving.body)
+
+
+def test_a_cached_download_is_fetched_again_when_the_source_changed(tmp_path, caplog):
+    """Without a pinned sha256, a cached copy is revalidated (If-None-Match): kept while the
+    server says 304, downloaded again once it changed, kept with a warning if the server is
+    down; an archive's older extraction folders go."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Moving)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/c.tgz"
+    make = lambda word: tarball({f"c.{lang}": "".join(
+        f"{word} {lang} {i}\n" for i in range(5)).encode() for lang in ("en", "de")})
+    try:
+        Moving.body, Moving.requests = make("alpha"), []
+        first = wmt.fetch(url, tmp_path / "dl", retries=1, backoff=0.01, timeout=5)
+        again = wmt.fetch(url, tmp_path / "dl", retries=1, backoff=0.01, timeout=5)
+        assert again == first and Moving.requests[0] is None and Moving.requests[1]  # 304
+        old = wmt.extraction_dir(first, tmp_path / "x")
+        wmt.extract(first, ["c.en"], old)
+        Moving.body = make("beta")
+        new = wmt.fetch(url, tmp_path / "dl", retries=1, backoff=0.01, timeout=5)
+        assert new.read_bytes() == Moving.body and "changed upstream" in caplog.text
+        (en,) = wmt.extract(new, ["c.en"], wmt.extraction_dir(new, tmp_path / "x"))
+        assert en.read_text().startswith("beta en 0") and not old.exists()
+        Moving.down = True
+        assert wmt.fetch(url, tmp_path / "dl", retries=1, backoff=0.01, timeout=5) == new
+        assert "could not check whether" in caplog.text and new.read_bytes() == Moving.body
+    finally:
+        Moving.down = False
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_http_404_is_not_retried(tmp_path, server):

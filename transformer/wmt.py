@@ -9,8 +9,11 @@ and refuses links and paths that would leave the target folder.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
+import shutil
 import tarfile
 import time
 import zlib
@@ -66,32 +69,24 @@ def fetch(
     backoff: float = 2.0,
     timeout: float = 60.0,
 ) -> Path:
-    """Download `url` into `cache` (once), resuming a .part file; the local path."""
+    """Download `url` into `cache`, resuming a .part file; the local path. A cached copy is kept
+    if it matches `sha256`, or, without one, if the server says it has not changed since (its
+    ETag / Last-Modified): a source that moves is fetched again, as retraining needs."""
     name = PurePosixPath(urlparse(url).path).name or "index"
     # the URL's hash keeps same-named files from different hosts apart
     dest = cache / f"{hashlib.sha256(url.encode()).hexdigest()[:8]}-{name}"
-    if dest.exists():
-        if not sha256 or sha256_file(dest) == sha256.lower():
-            return dest
-        log.warning("%s: the cached %s does not match sha256 %s; downloading it again",
-                    url, dest, sha256)
-        dest.unlink()
     part = dest.with_name(dest.name + ".part")
+    if dest.exists():
+        if sha256 and sha256_file(dest) == sha256.lower():
+            return dest
+        if not sha256 and not _changed(url, dest, retries, backoff, timeout):
+            return dest
+        log.warning("%s: the cached %s %s; downloading it again", url, dest,
+                    f"does not match sha256 {sha256}" if sha256 else "changed upstream")
+        dest.unlink()
+        part.unlink(missing_ok=True)  # a part of the old version cannot continue into the new
     cache.mkdir(parents=True, exist_ok=True)
-    for attempt in range(retries + 1):
-        try:
-            _get(url, part, timeout)
-            break
-        except _Transient as e:
-            if attempt == retries:
-                kept = (f"{part} keeps what arrived and the next run resumes it"
-                        if part.exists() and part.stat().st_size else "nothing arrived")
-                raise SourceError(
-                    f"{url}: download failed after {retries + 1} attempts ({e}); {kept}"
-                ) from None
-            wait = backoff * 2**attempt
-            log.warning("%s: %s; retrying in %.1f s (%d/%d)", url, e, wait, attempt + 1, retries)
-            time.sleep(wait)
+    validators = _retrying(url, retries, backoff, lambda: _get(url, part, timeout), part)
     if sha256:
         try:
             verify(part, sha256, url)
@@ -99,17 +94,72 @@ def fetch(
             part.unlink()  # a whole but wrong file cannot be resumed into a right one
             raise SourceError(f"{e}; the download was removed") from None
     os.replace(part, dest)
+    _validators_file(dest).write_text(json.dumps(validators))
     return dest
 
 
-def _get(url: str, part: Path, timeout: float) -> None:
-    """One attempt: append to `part` from where it stops; _Transient on a retryable failure."""
+def _retrying(url: str, retries: int, backoff: float, attempt, part: Path | None = None):
+    """attempt()'s result, retried on _Transient with exponential backoff; SourceError at last."""
+    for n in range(retries + 1):
+        try:
+            return attempt()
+        except _Transient as e:
+            if n == retries:
+                kept = (f"{part} keeps what arrived and the next run resumes it"
+                        if part and part.exists() and part.stat().st_size else "nothing arrived")
+                raise SourceError(
+                    f"{url}: download failed after {retries + 1} attempts ({e}); {kept}"
+                ) from None
+            wait = backoff * 2**n
+            log.warning("%s: %s; retrying in %.1f s (%d/%d)", url, e, wait, n + 1, retries)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def _validators_file(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".validators.json")
+
+
+def _changed(url: str, dest: Path, retries: int, backoff: float, timeout: float) -> bool:
+    """Whether the server has a newer `url` than the cached `dest` (a conditional request on
+    the ETag / Last-Modified it gave). Without validators, or when the server cannot be
+    reached, the cached copy stands (with a warning in the latter case)."""
+    try:
+        saved = json.loads(_validators_file(dest).read_text())
+    except (OSError, ValueError):
+        return False
+    headers = {k: v for k, v in (("If-None-Match", saved.get("etag")),
+                                 ("If-Modified-Since", saved.get("last_modified"))) if v}
+    if not headers:
+        return False
+
+    def attempt() -> bool:
+        try:
+            with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
+                if r.status_code >= 500 or r.status_code == 429:
+                    raise _Transient(f"HTTP {r.status_code} {r.reason}")
+                return r.status_code != 304  # the body of a 200 is not read here
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
+            raise _Transient(type(e).__name__) from None
+
+    try:
+        return _retrying(url, retries, backoff, attempt)
+    except SourceError as e:
+        log.warning("%s; could not check whether %s changed: the cached copy is used", e, url)
+        return False
+
+
+def _get(url: str, part: Path, timeout: float) -> dict[str, str | None]:
+    """One attempt: append to `part` from where it stops; the response's validators (ETag,
+    Last-Modified); _Transient on a retryable failure."""
     have = part.stat().st_size if part.exists() else 0
     headers = {"Range": f"bytes={have}-"} if have else {}
     try:
         with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
+            validators = {"etag": r.headers.get("ETag"),
+                          "last_modified": r.headers.get("Last-Modified")}
             if r.status_code == 416 and have:  # nothing after byte `have`: already complete
-                return
+                return validators
             if r.status_code >= 500 or r.status_code == 429:
                 raise _Transient(f"HTTP {r.status_code} {r.reason}")
             if r.status_code >= 400:
@@ -138,6 +188,7 @@ def _get(url: str, part: Path, timeout: float) -> None:
                     bar.update(len(block))
             if size and part.stat().st_size != have + size:
                 raise _Transient(f"short body: {part.stat().st_size - have} of {size} bytes")
+            return validators
     except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
         raise _Transient(type(e).__name__) from None
 
@@ -181,6 +232,11 @@ def extract(archive: Path, members: list[str], dest: Path) -> list[Path]:
             f"{archive}: no member {next(iter(wanted))} "
             f"(members: {', '.join(_names(archive)[:20])})"
         )
+    version = re.compile(rf"{re.escape(archive.name)}-[0-9a-f]{{12}}")
+    if version.fullmatch(dest.name):  # an extraction_dir: its earlier versions are stale
+        for older in dest.parent.iterdir():
+            if older != dest and older.is_dir() and version.fullmatch(older.name):
+                shutil.rmtree(older)
     return out
 
 
