@@ -137,6 +137,20 @@ class Supervisor:
                     stderr=subprocess.STDOUT, start_new_session=True)
             time.sleep(1.0)
 
+    def ready(self, timeout: float = 300.0) -> None:
+        """Wait until the retrain deployment exists on the server."""
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        deadline = time.monotonic() + timeout
+        with get_client(sync_client=True) as c:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ObjectNotFound):
+                    c.read_deployment_by_name("retrain/retrain")
+                    return
+                time.sleep(1)
+        raise TimeoutError(f"serve did not create its deployments: {self.logs}")
+
     def kill(self) -> None:
         if self.proc is not None:
             os.kill(self.proc.pid, 9)
@@ -290,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     sup = Supervisor(project, env, args.workdir)
     rows, champions = [], []
     try:
+        sup.ready()
         for cycle in range(1, args.cycles + 1):
             rows.append(one_cycle(cycle, args, rng, faults, sup, ws, fs, project))
             champions.append(rows[-1]["champion_bleu"])
@@ -340,6 +355,7 @@ def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
             state=FlowRunFilterState(type=Types(any_=["RUNNING", "PENDING", "SCHEDULED"]))))
             if not r.auto_scheduled]
     bleus = [b for b in champions if b is not None]
+    (project / ".dvc/tmp").mkdir(parents=True, exist_ok=True)
     with open(project / ".dvc/tmp/flows.lock", "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
