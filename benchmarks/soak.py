@@ -373,8 +373,8 @@ def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
             r["state"] in ("COMPLETED", "FAILED") for r in rows),
         "the champion's BLEU never fell": all(a <= b for a, b in itertools.pairwise(bleus)),
         "the workspace lock is free": lock_free,
-        "no DVC lock held": not rwlock.exists() or json.loads(rwlock.read_text() or "{}") in (
-            {}, {"read": {}, "write": {}}),
+        "no DVC lock held": not rwlock.exists() or not any(
+            json.loads(rwlock.read_text() or "{}").get(mode) for mode in ("read", "write")),
         "no temporary folder left": not leftovers,
         "no stage process left": not stage_running(ws),
         "the checkout unchanged": (project / "params.yaml").read_bytes() == params_before
@@ -384,6 +384,7 @@ def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
     return {"ok": all(results.values()), "checks": results, "cycles": rows,
             "serve_starts": sup.starts, "corpus_requests": Corpus.served,
             "open_runs": [str(r.id) for r in open_runs], "leftovers": leftovers,
+            "rwlock": rwlock.read_text() if rwlock.exists() else None,
             "disk_full_tested": mounted}
 
 

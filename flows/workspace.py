@@ -15,6 +15,7 @@ they overlap (treeverse/dvc#5718, #8628, #10673). Runs of one project are serial
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -57,6 +58,7 @@ def prepare(project: Path, rev: str) -> tuple[Path, str]:
     commit = resolve(project, rev)
     ws = project / WORKSPACE
     reap(ws)  # a crashed attempt's stage processes must not write into this run
+    release_dead_locks(ws)
     registered = ws.resolve() in {
         Path(line.split(" ", 1)[1]).resolve()
         for line in git("worktree", "list", "--porcelain", cwd=project).splitlines()
@@ -119,6 +121,31 @@ def reap(ws: Path) -> list[int]:
             "killed %d process(es) a crashed run left in %s: %s", len(found), ws, found
         )
     return found
+
+
+def release_dead_locks(ws: Path) -> list[int]:
+    """Drop the entries of DVC's rwlock in the workspace whose process is gone (killed with its
+    run). DVC drops them itself, but only when a later command waits on the same path, and it
+    counts a zombie as alive. Runs are serialised and reap() has run: nothing else holds one."""
+    path = ws / ".dvc" / "tmp" / "rwlock"
+    try:
+        lock = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    dead = set()
+    for mode in ("read", "write"):
+        for held, infos in list((lock.get(mode) or {}).items()):
+            alive = [i for i in (infos if isinstance(infos, list) else [infos])
+                     if _running(i["pid"]) or dead.add(i["pid"])]
+            if alive:
+                lock[mode][held] = alive if isinstance(infos, list) else alive[0]
+            else:
+                del lock[mode][held]
+    if dead:
+        path.write_text(json.dumps(lock))
+        logger().warning("released DVC's locks of %d process(es) a crashed run left: %s",
+                         len(dead), sorted(dead))
+    return sorted(dead)
 
 
 def _signal(pid: int, sig: int) -> bool:

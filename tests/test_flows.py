@@ -34,7 +34,7 @@ from flows.lineage import Snapshot, lineage
 from flows.pipeline import MAX_ATTEMPTS, start_attempt
 from flows.promote import gate
 from flows.shell import CommandError, apply_params, run
-from flows.workspace import WORKSPACE, reap
+from flows.workspace import WORKSPACE, reap, release_dead_locks
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
@@ -228,6 +228,19 @@ def test_reap_ends_what_a_crashed_attempt_left_in_the_workspace(tmp_path) -> Non
         for p in (left, outside):
             p.kill()
             p.wait()
+
+
+def test_locks_of_dead_processes_are_released(tmp_path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    rwlock = tmp_path / ".dvc/tmp/rwlock"
+    rwlock.parent.mkdir(parents=True)
+    alive, dead = {"pid": os.getpid(), "cmd": "dvc repro"}, {"pid": gone.pid, "cmd": "dvc repro"}
+    rwlock.write_text(json.dumps({"read": {"data/raw": [alive, dead], "data/shards": [dead]},
+                                  "write": {"data/checkpoints": dead, "data/eval": alive}}))
+    assert release_dead_locks(tmp_path) == [gone.pid]
+    assert json.loads(rwlock.read_text()) == {"read": {"data/raw": [alive]},
+                                              "write": {"data/eval": alive}}
 
 
 @flow(retries=MAX_ATTEMPTS, retry_delay_seconds=0)
