@@ -33,8 +33,9 @@ def time_op(kernel: str, shape: tuple, causal: bool, mode: str, n: int) -> float
     """Milliseconds per call of one kernel: mode is bf16 / fp32 (forward + backward) or infer."""
     B, h, T, d_k = shape
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, h, T, d_k, generator=g, requires_grad=mode != "infer")
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(B, h, T, d_k, generator=g, requires_grad=mode != "infer") for _ in range(3)
+    )
     lens = torch.randint(T // 2, T + 1, (B,), generator=g)
     mask = None if causal else (torch.arange(T) < lens[:, None])[:, None, None, :]  # (B,1,1,T)
     if mode == "infer":
@@ -54,8 +55,10 @@ def time_op(kernel: str, shape: tuple, causal: bool, mode: str, n: int) -> float
 
 
 def op_table(n: int) -> None:
-    print(f"{'shape (B, h, T, d_k)':>22} {'mask':>7} {'mode':>6} {'sdpa ms':>8} "
-          f"{'spelled ms':>10} {'ratio':>6}")
+    print(
+        f"{'shape (B, h, T, d_k)':>22} {'mask':>7} {'mode':>6} {'sdpa ms':>8} "
+        f"{'spelled ms':>10} {'ratio':>6}"
+    )
     for shape in SHAPES:
         for causal in (False, True):
             for mode in ("bf16", "fp32", "infer"):
@@ -64,13 +67,17 @@ def op_table(n: int) -> None:
                     for k in KERNELS:
                         t[k].append(time_op(k, shape, causal, mode, n))
                 a, b = min(t["sdpa"]), min(t["spelled"])
-                print(f"{shape!s:>22} {'causal' if causal else 'padding':>7} {mode:>6} "
-                      f"{a:8.2f} {b:10.2f} {a / b:6.2f}", flush=True)
+                print(
+                    f"{shape!s:>22} {'causal' if causal else 'padding':>7} {mode:>6} "
+                    f"{a:8.2f} {b:10.2f} {a / b:6.2f}",
+                    flush=True,
+                )
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--calls", type=int, default=30, help="timed calls per op measurement")
     args = ap.parse_args(argv)
     op_table(args.calls)

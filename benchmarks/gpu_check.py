@@ -79,10 +79,26 @@ from transformer.precision import resolve_precision
 
 SECTIONS = ("tests", "loss", "train", "decode", "profile", "compile")
 CONTENDERS = ("ours", "ours_unfused_loss", "ours_torch_dropout", "hf_marian", "torch_transformer")
-FULL = {"shapes": ("base", "big"), "vocab": 37_000, "sizes": (3125, 6250, 12500), "warmup": 3,
-        "steps": 15, "sentences": 3003, "batch_tokens": 16384, "loss_rows": 11000}
-REDUCED = {"shapes": ("tiny",), "vocab": 1000, "sizes": (256, 512), "warmup": 1, "steps": 2,
-           "sentences": 24, "batch_tokens": 128, "loss_rows": 300}
+FULL = {
+    "shapes": ("base", "big"),
+    "vocab": 37_000,
+    "sizes": (3125, 6250, 12500),
+    "warmup": 3,
+    "steps": 15,
+    "sentences": 3003,
+    "batch_tokens": 16384,
+    "loss_rows": 11000,
+}
+REDUCED = {
+    "shapes": ("tiny",),
+    "vocab": 1000,
+    "sizes": (256, 512),
+    "warmup": 1,
+    "steps": 2,
+    "sentences": 24,
+    "batch_tokens": 128,
+    "loss_rows": 300,
+}
 
 
 class Check:
@@ -92,24 +108,41 @@ class Check:
         self.args, self.t0 = args, time.monotonic()
         self.device = torch.device(args.device)
         self.cfg = REDUCED if args.reduced else FULL
-        self.dtype = torch.bfloat16 if resolve_precision(
-            "auto", self.device, "--device") == "bf16" else torch.float32
-        name = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
-                else platform.processor() or platform.machine())
+        self.dtype = (
+            torch.bfloat16
+            if resolve_precision("auto", self.device, "--device") == "bf16"
+            else torch.float32
+        )
+        name = (
+            torch.cuda.get_device_name(self.device)
+            if self.device.type == "cuda"
+            else platform.processor() or platform.machine()
+        )
         peak = peers.peak_tflops(name)
         source = "dense bf16, by the device's name" if peak else "not known: --peak-tflops"
         if args.peak_tflops:
             peak, source = args.peak_tflops, "--peak-tflops"
-        self.results: dict = {"meta": {
-            "command": " ".join(sys.argv), "device": str(self.device),
-            "device_name": name,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-            "transformers": _version("transformers"), "reduced": args.reduced,
-            "precision": str(self.dtype).removeprefix("torch."), "peak_tflops": peak,
-            "peak_source": source, "budget_s": args.budget_s, "gpu_state": _gpu_state(),
-            "gpu_loss_chunk": _OutputCE.CHUNK_ELEMENTS_GPU,
-            "mfu": "6 x trainable parameters (shared embedding once) x target tokens/s / peak"},
-            "skipped": [], "errors": []}
+        self.results: dict = {
+            "meta": {
+                "command": " ".join(sys.argv),
+                "device": str(self.device),
+                "device_name": name,
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "python": sys.version.split()[0],
+                "transformers": _version("transformers"),
+                "reduced": args.reduced,
+                "precision": str(self.dtype).removeprefix("torch."),
+                "peak_tflops": peak,
+                "peak_source": source,
+                "budget_s": args.budget_s,
+                "gpu_state": _gpu_state(),
+                "gpu_loss_chunk": _OutputCE.CHUNK_ELEMENTS_GPU,
+                "mfu": "6 x trainable parameters (shared embedding once) x target tokens/s / peak",
+            },
+            "skipped": [],
+            "errors": [],
+        }
 
     def remaining(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.t0)
@@ -150,8 +183,10 @@ class Check:
         self.results["meta"]["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         self.results.update(gpu_report.derived(self.results))
         out = self.args.out
-        for name, text in (("results.json", json.dumps(self.results, indent=1)),
-                           ("summary.md", gpu_report.summary(self.results))):
+        for name, text in (
+            ("results.json", json.dumps(self.results, indent=1)),
+            ("summary.md", gpu_report.summary(self.results)),
+        ):
             (out / f".{name}").write_text(text + "\n")
             os.replace(out / f".{name}", out / name)
 
@@ -171,8 +206,13 @@ def _gpu_state() -> str | None:
     """nvidia-smi's name, clocks and power limit (read only), for the record."""
     q = "name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu"
     try:
-        return subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -217,16 +257,22 @@ def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
         if chk.skip(f"train/{shape}/{','.join(names)}", need_s):
             continue
         n = chk.cfg["warmup"] + chk.cfg["steps"]
-        work = {size: peers.train_batches(chk.cfg["vocab"], size, n, chk.device)
-                for size in chk.cfg["sizes"]}
-        chk.results.setdefault("train", {}).setdefault(shape, {})["params_mfu"] = (
-            peers.mfu_params(shape, chk.cfg["vocab"]))
+        work = {
+            size: peers.train_batches(chk.cfg["vocab"], size, n, chk.device)
+            for size in chk.cfg["sizes"]
+        }
+        chk.results.setdefault("train", {}).setdefault(shape, {})["params_mfu"] = peers.mfu_params(
+            shape, chk.cfg["vocab"]
+        )
         for name in names:
             if name == "hf_marian" and _version("transformers") is None:
                 chk.results["skipped"].append(f"train/{shape}/hf_marian: no transformers")
                 continue
-            chk.run(("train", shape, name), need_s, lambda name=name, shape=shape, work=work:
-                    train_contender(name, shape, work, chk))
+            chk.run(
+                ("train", shape, name),
+                need_s,
+                lambda name=name, shape=shape, work=work: train_contender(name, shape, work, chk),
+            )
 
 
 def section_loss(chk: Check) -> None:
@@ -237,8 +283,12 @@ def section_loss(chk: Check) -> None:
 
 def loss_variants(chk: Check, shape: str) -> None:
     """Forward + backward of the output loss alone, per chunk size and unfused."""
-    V, N, D, dev = (chk.cfg["vocab"], chk.cfg["loss_rows"], peers.SHAPES[shape]["d_model"],
-                    chk.device)
+    V, N, D, dev = (
+        chk.cfg["vocab"],
+        chk.cfg["loss_rows"],
+        peers.SHAPES[shape]["d_model"],
+        chk.device,
+    )
     g = torch.Generator(device=dev).manual_seed(0)
     h = torch.randn(N, D, device=dev, generator=g, requires_grad=True)
     w = (torch.randn(V, D, device=dev, generator=g) * D**-0.5).requires_grad_()
@@ -283,13 +333,19 @@ def section_decode(chk: Check, shape: str) -> None:
         dec = Decoder(model, precision)
         return lambda p: peers.decode_ours(dec, srcs, p, 4)
 
-    meta = {"sentences": len(srcs), "beam": 4, "batches": len(plan),
-            "source_tokens": sum(map(len, srcs)), "batch_tokens": chk.cfg["batch_tokens"]}
+    meta = {
+        "sentences": len(srcs),
+        "beam": 4,
+        "batches": len(plan),
+        "source_tokens": sum(map(len, srcs)),
+        "batch_tokens": chk.cfg["batch_tokens"],
+    }
     chk.results.setdefault("decode", {})[shape] = {"workload": meta}
     chk.run(("decode", shape, f"ours_{low}"), 30, lambda: run(f"ours_{low}", ours(low)))
     if _version("transformers") is None:
         chk.results["skipped"].append(f"decode/{shape}/hf_generate: no transformers")
     else:
+
         def hf_generate() -> dict:
             hf = peers.marian_from(model).to(dtype=chk.dtype)
             return run(f"hf_generate_{low}", lambda p: peers.decode_hf(hf, srcs, p, 4))
@@ -311,6 +367,7 @@ def section_profile(chk: Check) -> None:
     sort = "device_time_total" if chk.device.type == "cuda" else "cpu_time_total"
     text = []
     for shape in chk.cfg["shapes"]:
+
         def one(shape=shape) -> dict:
             model, kind = build("ours", shape, chk)
             step = peers.train_step(model, kind, chk.dtype)
@@ -326,11 +383,17 @@ def section_profile(chk: Check) -> None:
             wall = time.perf_counter() - t
             avg = prof.key_averages()
             busy = sum(e.self_device_time_total for e in avg) / 1e6
-            text.append(f"## {shape}, 3 steps of {chk.cfg['sizes'][0]} tokens, {wall:.3f} s "
-                        f"(profiled)\n{avg.table(sort_by=sort, row_limit=30)}\n")
+            text.append(
+                f"## {shape}, 3 steps of {chk.cfg['sizes'][0]} tokens, {wall:.3f} s "
+                f"(profiled)\n{avg.table(sort_by=sort, row_limit=30)}\n"
+            )
             (chk.args.out / "profile.txt").write_text("\n".join(text))
-            return {"wall_s": round(wall, 3), "device_busy_s": round(busy, 3),
-                    "device_busy_share": round(busy / wall, 3) if busy else None}
+            return {
+                "wall_s": round(wall, 3),
+                "device_busy_s": round(busy, 3),
+                "device_busy_share": round(busy / wall, 3) if busy else None,
+            }
+
         chk.run(("profile", shape), 20, one)
 
 
@@ -338,32 +401,60 @@ def section_tests(chk: Check, limit_s: float = 240) -> dict:
     """pytest on tests/test_cuda.py, its output in pytest.log (what it printed if it ran out
     of time, too)."""
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-           "tests/test_cuda.py"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",
+        "tests/test_cuda.py",
+    ]
     log = chk.args.out / "pytest.log"
     with open(log, "w") as f:
         try:
-            code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False,
-                                  timeout=min(limit_s, chk.remaining() - 30)).returncode
+            code = subprocess.run(
+                cmd,
+                cwd=ROOT,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                check=False,
+                timeout=min(limit_s, chk.remaining() - 30),
+            ).returncode
         except subprocess.TimeoutExpired:
             code = None
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-    return {"exit_code": code, "summary": lines[-1] if lines else "",
-            "seconds": round(time.perf_counter() - t, 1), "command": " ".join(cmd[2:])}
+    return {
+        "exit_code": code,
+        "summary": lines[-1] if lines else "",
+        "seconds": round(time.perf_counter() - t, 1),
+        "command": " ".join(cmd[2:]),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder for the figures")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    choices=("cuda", "cpu"))
-    ap.add_argument("--reduced", action="store_true",
-                    help="tiny shapes, few steps and sentences: checks that the check works")
-    ap.add_argument("--sections", default=",".join(SECTIONS),
-                    help=f"comma list from {','.join(SECTIONS)}")
-    ap.add_argument("--budget-s", type=float, default=480.0,
-                    help="wall seconds for everything; what would start after it is skipped")
+    ap.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu")
+    )
+    ap.add_argument(
+        "--reduced",
+        action="store_true",
+        help="tiny shapes, few steps and sentences: checks that the check works",
+    )
+    ap.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma list from {','.join(SECTIONS)}"
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="wall seconds for everything; what would start after it is skipped",
+    )
     ap.add_argument("--peak-tflops", type=float, help="the device's peak, for MFU")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
@@ -377,12 +468,15 @@ def main(argv: list[str] | None = None) -> None:
     chk = Check(args)
     chk.save()
     shapes = chk.cfg["shapes"]
-    plan = [("tests", lambda: chk.run(("tests",), 30, lambda: section_tests(chk))),
-            ("loss", lambda: section_loss(chk)), ("train", lambda: section_train(chk)),
-            ("decode", lambda: section_decode(chk, shapes[0])),
-            ("profile", lambda: section_profile(chk)),
-            ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
-            ("decode", lambda: shapes[1:] and section_decode(chk, shapes[1]))]
+    plan = [
+        ("tests", lambda: chk.run(("tests",), 30, lambda: section_tests(chk))),
+        ("loss", lambda: section_loss(chk)),
+        ("train", lambda: section_train(chk)),
+        ("decode", lambda: section_decode(chk, shapes[0])),
+        ("profile", lambda: section_profile(chk)),
+        ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
+        ("decode", lambda: shapes[1:] and section_decode(chk, shapes[1])),
+    ]
     for section, fn in plan:
         if section in sections:
             try:  # a failure outside a measurement (building batches, say) ends the section only

@@ -66,16 +66,21 @@ def random_ids(rng: np.random.Generator, length: int, vocab: int) -> np.ndarray:
     return np.append(rng.integers(4, vocab, length - 1), EOS_ID)
 
 
-def train_batches(vocab: int, max_tokens: int, n: int, device: torch.device,
-                  seed: int = 0) -> list[Work]:
+def train_batches(
+    vocab: int, max_tokens: int, n: int, device: torch.device, seed: int = 0
+) -> list[Work]:
     """n batches as the train stage makes them (BatchSampler: max_tokens padded positions per
     side, length-bucketed, shuffled) from 20,000 pairs of TRAIN_LENGTHS, random units."""
     src_lens, tgt_lens = pair_lengths(20_000, TRAIN_LENGTHS, seed)
     rng = np.random.default_rng(seed + 1)
     out = []
     for idx in BatchSampler(src_lens, tgt_lens, max_tokens, seed):
-        b = collate([(random_ids(rng, src_lens[i], vocab), random_ids(rng, tgt_lens[i], vocab))
-                     for i in idx])
+        b = collate(
+            [
+                (random_ids(rng, src_lens[i], vocab), random_ids(rng, tgt_lens[i], vocab))
+                for i in idx
+            ]
+        )
         out.append(Work(*(t.to(device) for t in b), int(b.tgt_out.ne(PAD_ID).sum())))
         if len(out) == n:
             return out
@@ -115,18 +120,36 @@ def marian_from(model: Transformer):
     if c.pre_ln or not c.tie_embeddings or model.output_ids is not None:
         raise ValueError("Marian holds post-LN models with one shared, full softmax only")
     cfg = MarianConfig(
-        vocab_size=V, decoder_vocab_size=V, d_model=c.d_model, encoder_layers=c.n_layers,
-        decoder_layers=c.n_layers, encoder_attention_heads=c.n_heads,
-        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
-        activation_function="relu", dropout=c.dropout, attention_dropout=c.attention_dropout,
-        activation_dropout=c.activation_dropout, max_position_embeddings=c.max_positions,
-        scale_embedding=True, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=None,
-        decoder_start_token_id=BOS_ID, forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+        vocab_size=V,
+        decoder_vocab_size=V,
+        d_model=c.d_model,
+        encoder_layers=c.n_layers,
+        decoder_layers=c.n_layers,
+        encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
+        activation_function="relu",
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout,
+        max_position_embeddings=c.max_positions,
+        scale_embedding=True,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=None,
+        decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
     hf = MarianMTModel._from_config(cfg, attn_implementation="sdpa")
     missing, unexpected = hf.load_state_dict(marian_state(model), strict=False)
     tied = {"lm_head.weight", "final_logits_bias"} | {
-        f"model.{side}.{name}.weight" for side in NORMS for name in ("embed_tokens", "embed_positions")}
+        f"model.{side}.{name}.weight"
+        for side in NORMS
+        for name in ("embed_tokens", "embed_positions")
+    }
     if unexpected or set(missing) - tied:
         raise ValueError(f"Marian's layout changed: missing {missing}, unexpected {unexpected}")
     with torch.no_grad():
@@ -136,8 +159,10 @@ def marian_from(model: Transformer):
 
 
 # our LayerNorms (res1, res2[, res3]) in Marian's names
-NORMS = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
-         "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}
+NORMS = {
+    "encoder": ("self_attn_layer_norm", "final_layer_norm"),
+    "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
+}
 
 
 def marian_state(model: Transformer) -> dict[str, Tensor]:
@@ -175,18 +200,26 @@ class TorchTransformer(nn.Module):
         nn.init.normal_(self.emb.weight, 0.0, d**-0.5)
         self.register_buffer("pe", sinusoids(1024, d), persistent=False)
         self.drop = nn.Dropout(s["dropout"])
-        self.tf = nn.Transformer(d, s["n_heads"], s["n_layers"], s["n_layers"], s["d_ff"],
-                                 s["dropout"], batch_first=True)
+        self.tf = nn.Transformer(
+            d, s["n_heads"], s["n_layers"], s["n_layers"], s["d_ff"], s["dropout"], batch_first=True
+        )
 
     def embed(self, x: Tensor) -> Tensor:
         return self.drop(self.emb(x) * math.sqrt(self.d) + self.pe[: x.size(1)])
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         causal = nn.Transformer.generate_square_subsequent_mask(
-            tgt_in.size(1), device=src.device, dtype=torch.bool)
-        h = self.tf(self.embed(src), self.embed(tgt_in), tgt_mask=causal, tgt_is_causal=True,
-                    src_key_padding_mask=src.eq(PAD_ID), tgt_key_padding_mask=tgt_in.eq(PAD_ID),
-                    memory_key_padding_mask=src.eq(PAD_ID))
+            tgt_in.size(1), device=src.device, dtype=torch.bool
+        )
+        h = self.tf(
+            self.embed(src),
+            self.embed(tgt_in),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=src.eq(PAD_ID),
+            tgt_key_padding_mask=tgt_in.eq(PAD_ID),
+            memory_key_padding_mask=src.eq(PAD_ID),
+        )
         return F.linear(h, self.emb.weight)
 
 
@@ -206,12 +239,18 @@ def train_step(model: nn.Module, kind: str, dtype: torch.dtype) -> Callable[[Wor
                 loss, _ = model.loss(b.src, b.tgt_in, b.tgt_out, EPS, b.n_tgt)  # sync-free
             else:
                 if kind == "marian":
-                    logits = model(input_ids=b.src, attention_mask=b.src.ne(PAD_ID),
-                                   decoder_input_ids=b.tgt_in).logits
+                    logits = model(
+                        input_ids=b.src, attention_mask=b.src.ne(PAD_ID), decoder_input_ids=b.tgt_in
+                    ).logits
                 else:
                     logits = model(b.src, b.tgt_in)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), b.tgt_out.flatten(),
-                                       ignore_index=PAD_ID, label_smoothing=EPS, reduction="sum")
+                loss = F.cross_entropy(
+                    logits.float().flatten(0, 1),
+                    b.tgt_out.flatten(),
+                    ignore_index=PAD_ID,
+                    label_smoothing=EPS,
+                    reduction="sum",
+                )
         (loss / b.n_tgt).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -236,8 +275,9 @@ def timed(fn, items: list, device: torch.device) -> tuple[list[float], list]:
             outs.append(fn(it))
             times.append(time.perf_counter() - t)
         return times, outs
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in items]
+    ev = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in items
+    ]
     outs = []
     for (a, b), it in zip(ev, items):
         a.record()
@@ -247,8 +287,9 @@ def timed(fn, items: list, device: torch.device) -> tuple[list[float], list]:
     return [a.elapsed_time(b) / 1e3 for a, b in ev], outs
 
 
-def measure_steps(step, work: list[Work], warmup: int, n_params: int,
-                  peak_tflops: float | None) -> dict:
+def measure_steps(
+    step, work: list[Work], warmup: int, n_params: int, peak_tflops: float | None
+) -> dict:
     """`warmup` steps, then the rest timed: target tokens/s (median over steps), MFU, peak
     memory, the first and last timed loss per token."""
     dev = work[0].src.device
@@ -263,14 +304,21 @@ def measure_steps(step, work: list[Work], warmup: int, n_params: int,
     toks = [b.n_tgt for b in work[warmup:]]
     rate = statistics.median(n / s for n, s in zip(toks, times))
     mfu = None if peak_tflops is None else float(f"{6 * n_params * rate / peak_tflops / 1e12:.4g}")
-    return {"tokens_per_s": round(rate), "tokens_per_s_total": round(sum(toks) / sum(times)),
-            "mfu": mfu, "step_ms_median": round(1e3 * statistics.median(times), 2),
-            "steps": len(times), "warmup_steps": warmup, "warmup_s": round(warm_s, 2),
-            "tgt_tokens_per_step": round(statistics.mean(toks)),
-            "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
-            if dev.type == "cuda" else None,
-            "loss_first": round(float(losses[0]) / toks[0], 4),
-            "loss_last": round(float(losses[-1]) / toks[-1], 4)}
+    return {
+        "tokens_per_s": round(rate),
+        "tokens_per_s_total": round(sum(toks) / sum(times)),
+        "mfu": mfu,
+        "step_ms_median": round(1e3 * statistics.median(times), 2),
+        "steps": len(times),
+        "warmup_steps": warmup,
+        "warmup_s": round(warm_s, 2),
+        "tgt_tokens_per_step": round(statistics.mean(toks)),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+        if dev.type == "cuda"
+        else None,
+        "loss_first": round(float(losses[0]) / toks[0], 4),
+        "loss_last": round(float(losses[-1]) / toks[-1], 4),
+    }
 
 
 def peak_tflops(name: str) -> float | None:
@@ -283,13 +331,16 @@ def peak_tflops(name: str) -> float | None:
 
 
 # ----------------------------------------------------------------------------- decoding
-def decode_plan(srcs: list[list[int]], ref_lens: list[int],
-                batch_tokens: int) -> list[tuple[list[int], int]]:
+def decode_plan(
+    srcs: list[list[int]], ref_lens: list[int], batch_tokens: int
+) -> list[tuple[list[int], int]]:
     """translate's batches (length-sorted, batch_tokens padded source tokens) and each one's
     output length: its longest reference. Random weights emit EOS at random, so every
     contender produces exactly that many tokens per sentence (EOS blocked until then)."""
-    return [(b, max(ref_lens[i] for i in b))
-            for b in decode_batches([len(s) for s in srcs], batch_tokens)]
+    return [
+        (b, max(ref_lens[i] for i in b))
+        for b in decode_batches([len(s) for s in srcs], batch_tokens)
+    ]
 
 
 def padded(srcs: list[list[int]], rows: list[int]) -> Tensor:
@@ -317,9 +368,17 @@ def decode_hf(hf, srcs, plan, beam: int) -> list[list[int]]:
     dev = hf.device
     for rows, n in plan:
         x = padded(srcs, rows).to(dev)
-        y = hf.generate(input_ids=x, attention_mask=x.ne(PAD_ID), num_beams=beam,
-                        do_sample=False, min_new_tokens=n, max_new_tokens=n, length_penalty=1.0,
-                        early_stopping=False, suppress_tokens=[PAD_ID, BOS_ID])
+        y = hf.generate(
+            input_ids=x,
+            attention_mask=x.ne(PAD_ID),
+            num_beams=beam,
+            do_sample=False,
+            min_new_tokens=n,
+            max_new_tokens=n,
+            length_penalty=1.0,
+            early_stopping=False,
+            suppress_tokens=[PAD_ID, BOS_ID],
+        )
         for i, h in zip(rows, y[:, 1:].tolist()):  # without the decoder start
             out[i] = h
     return out
@@ -334,5 +393,9 @@ def time_decode(decode, plan, device: torch.device) -> tuple[dict, list[list[int
     hyps = decode(plan)
     sync(device)
     s, toks = time.perf_counter() - t, sum(map(len, hyps))
-    return {"seconds": round(s, 2), "sentences_per_s": round(len(hyps) / s, 1),
-            "tokens_per_s": round(toks / s), "tokens": toks}, hyps
+    return {
+        "seconds": round(s, 2),
+        "sentences_per_s": round(len(hyps) / s, 1),
+        "tokens_per_s": round(toks / s),
+        "tokens": toks,
+    }, hyps

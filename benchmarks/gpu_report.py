@@ -5,8 +5,11 @@ from __future__ import annotations
 
 PEERS = ("hf_marian", "torch_transformer")
 # ours's variants, each against its baseline
-VARIANTS = (("ours_unfused_loss", "ours"), ("ours_torch_dropout", "ours"),
-            ("ours_compiled", "ours_torch_dropout"))
+VARIANTS = (
+    ("ours_unfused_loss", "ours"),
+    ("ours_torch_dropout", "ours"),
+    ("ours_compiled", "ours_torch_dropout"),
+)
 PRESET_BATCH = "3125"  # the presets' tokens per side per GPU
 
 
@@ -30,8 +33,9 @@ def train_ratios(train: dict) -> dict:
             fastest = max((x for p in PEERS if (x := _rate(runs.get(p), size))), default=None)
             r["ours/fastest_peer"] = _div(_rate(ours, size), fastest)
             for variant, base in VARIANTS:
-                r[f"{variant}/{base}"] = _div(_rate(runs.get(variant), size),
-                                              _rate(runs.get(base), size))
+                r[f"{variant}/{base}"] = _div(
+                    _rate(runs.get(variant), size), _rate(runs.get(base), size)
+                )
             out.setdefault(shape, {})[size] = r
     return out
 
@@ -43,7 +47,8 @@ def decode_ratios(decode: dict) -> dict:
             a, b = runs.get(f"ours_{low}"), runs.get(f"hf_generate_{low}")
             if a and b:
                 out.setdefault(shape, {})[f"ours_{low}/hf_generate_{low}"] = _div(
-                    a["sentences_per_s"], b["sentences_per_s"])
+                    a["sentences_per_s"], b["sentences_per_s"]
+                )
     return out
 
 
@@ -54,17 +59,26 @@ def goals(r: dict, ratios: dict) -> list[dict]:
         runs = (r.get("train") or {}).get(shape) or {}
         for size, fig in (runs.get("ours") or {}).items():
             if isinstance(fig, dict) and fig.get("mfu") is not None:
-                out.append({"goal": f"{shape} MFU >= {goal:.0%} (floor {floor:.0%}), {size} tok",
-                            "value": fig["mfu"], "met": fig["mfu"] >= goal,
-                            "floor_met": fig["mfu"] >= floor})
+                out.append(
+                    {
+                        "goal": f"{shape} MFU >= {goal:.0%} (floor {floor:.0%}), {size} tok",
+                        "value": fig["mfu"],
+                        "met": fig["mfu"] >= goal,
+                        "floor_met": fig["mfu"] >= floor,
+                    }
+                )
         for size, rs in ratios["train"].get(shape, {}).items():
             x = rs["ours/fastest_peer"]
-            out.append({"goal": f"{shape} ours >= 1.3x the fastest peer, {size} tok", "value": x,
-                        "met": None if x is None else x >= 1.3})
+            out.append(
+                {
+                    "goal": f"{shape} ours >= 1.3x the fastest peer, {size} tok",
+                    "value": x,
+                    "met": None if x is None else x >= 1.3,
+                }
+            )
     for shape, rs in ratios["decode"].items():
         for name, x in rs.items():
-            out.append({"goal": f"decode {shape} beam 4: {name} >= 3", "value": x,
-                        "met": x >= 3.0})
+            out.append({"goal": f"decode {shape} beam 4: {name} >= 3", "value": x, "met": x >= 3.0})
     return out
 
 
@@ -90,19 +104,31 @@ def rules(r: dict, ratios: dict) -> list[str]:
             continue
         ok = all(x >= bar for x in at) and all(x >= floor for x in every)
         if variant == "ours_compiled":  # compiling must cost < 2 minutes in all
-            ok = ok and sum(r["train"][s][variant][size]["warmup_s"] for s in shapes
-                            for size in r["train"][s][variant] if size.isdigit()) < 120
-        out.append(f"{what}: {'ADOPT' if ok else 'keep as is'} ({key} at {PRESET_BATCH} tokens: "
-                   f"{', '.join(f'{s} {x}' for s, x in zip(shapes, at))}; all sizes "
-                   f"{min(every)}-{max(every)})")
+            ok = (
+                ok
+                and sum(
+                    r["train"][s][variant][size]["warmup_s"]
+                    for s in shapes
+                    for size in r["train"][s][variant]
+                    if size.isdigit()
+                )
+                < 120
+            )
+        out.append(
+            f"{what}: {'ADOPT' if ok else 'keep as is'} ({key} at {PRESET_BATCH} tokens: "
+            f"{', '.join(f'{s} {x}' for s, x in zip(shapes, at))}; all sizes "
+            f"{min(every)}-{max(every)})"
+        )
     loss = (r.get("loss") or {}).get("big") or {}
     today = f"fused_chunk_2^{r['meta']['gpu_loss_chunk'].bit_length() - 1}"
     fused = {k: v for k, v in loss.items() if k.startswith("fused") and v}
     if loss.get(today) and fused:
         best = min(fused, key=fused.get)
         change = loss[today] / fused[best] >= 1.05
-        out.append(f"GPU loss chunk: {'use ' + best if change else 'keep ' + today} ({best} "
-                   f"{fused[best]} ms, {today} {loss[today]} ms; unfused {loss.get('unfused')} ms)")
+        out.append(
+            f"GPU loss chunk: {'use ' + best if change else 'keep ' + today} ({best} "
+            f"{fused[best]} ms, {today} {loss[today]} ms; unfused {loss.get('unfused')} ms)"
+        )
     return out
 
 
@@ -125,22 +151,38 @@ def projection(train: dict) -> list[dict]:
         if not per_gpu:
             continue
         best = max((k for k in ours if k.isdigit()), key=lambda k: ours[k]["tokens_per_s"])
-        step = {k: ours[k]["tgt_tokens_per_step"] / ours[k]["tokens_per_s"] for k in ours
-                if k.isdigit()}  # seconds per micro-batch
-        hours = {t["nproc"]: t["max_steps"] * step[str(t["max_tokens"])] / 3600,
-                 1: t["max_steps"] * update / int(best) * step[best] / 3600}
+        step = {
+            k: ours[k]["tgt_tokens_per_step"] / ours[k]["tokens_per_s"] for k in ours if k.isdigit()
+        }  # seconds per micro-batch
+        hours = {
+            t["nproc"]: t["max_steps"] * step[str(t["max_tokens"])] / 3600,
+            1: t["max_steps"] * update / int(best) * step[best] / 3600,
+        }
         for gpus, h in sorted(hours.items()):
-            out.append({"preset": preset, "steps": t["max_steps"], "update_tokens": update,
-                         "gpus": gpus, "micro_batch": t["max_tokens"] if gpus > 1 else int(best),
-                         "hours": round(h, 1)})
+            out.append(
+                {
+                    "preset": preset,
+                    "steps": t["max_steps"],
+                    "update_tokens": update,
+                    "gpus": gpus,
+                    "micro_batch": t["max_tokens"] if gpus > 1 else int(best),
+                    "hours": round(h, 1),
+                }
+            )
     return out
 
 
 def derived(r: dict) -> dict:
-    ratios = {"train": train_ratios(r.get("train") or {}),
-              "decode": decode_ratios(r.get("decode") or {})}
-    return {"ratios": ratios, "goals": goals(r, ratios), "rules": rules(r, ratios),
-            "projection": projection(r.get("train") or {})}
+    ratios = {
+        "train": train_ratios(r.get("train") or {}),
+        "decode": decode_ratios(r.get("decode") or {}),
+    }
+    return {
+        "ratios": ratios,
+        "goals": goals(r, ratios),
+        "rules": rules(r, ratios),
+        "projection": projection(r.get("train") or {}),
+    }
 
 
 def _fmt(x, pct: bool = False) -> str:
@@ -152,47 +194,78 @@ def _fmt(x, pct: bool = False) -> str:
 def summary(r: dict) -> str:
     """summary.md: the device, the command, then a table per section."""
     m, d = r["meta"], derived(r)
-    out = [f"# GPU check on {m['device_name']} ({m['device']})", "",
-           (f"`{m['command']}`: torch {m['torch']}, CUDA {m['cuda']}, transformers "
+    out = [
+        f"# GPU check on {m['device_name']} ({m['device']})",
+        "",
+        (
+            f"`{m['command']}`: torch {m['torch']}, CUDA {m['cuda']}, transformers "
             f"{m['transformers']}, {m['precision']}; peak {m['peak_tflops']} TFLOP/s "
-            f"({m['peak_source']}); {m.get('elapsed_s')} s of {m['budget_s']}."), "",
-           f"MFU = {m['mfu']}.", ""]
+            f"({m['peak_source']}); {m.get('elapsed_s')} s of {m['budget_s']}."
+        ),
+        "",
+        f"MFU = {m['mfu']}.",
+        "",
+    ]
     if "tests" in r:
         t = r["tests"]
         out += [f"Tests (`{t['command']}`): exit {t['exit_code']}, {t['summary']}", ""]
     for shape, runs in (r.get("loss") or {}).items():
-        out += [f"Output loss alone, {shape}, fwd+bwd ms: "
-                + ", ".join(f"{k} {v}" for k, v in runs.items()), ""]
+        out += [
+            f"Output loss alone, {shape}, fwd+bwd ms: "
+            + ", ".join(f"{k} {v}" for k, v in runs.items()),
+            "",
+        ]
     for shape, runs in (r.get("train") or {}).items():
-        out += [f"## Training, {shape} ({runs.get('params_mfu'):,} parameters)", "",
-                "| contender | tokens/side | target tok/s | MFU | peak GiB | ours ÷ it |",
-                "|---|---|---|---|---|---|"]
+        out += [
+            f"## Training, {shape} ({runs.get('params_mfu'):,} parameters)",
+            "",
+            "| contender | tokens/side | target tok/s | MFU | peak GiB | ours ÷ it |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, run in runs.items():
             if not isinstance(run, dict):
                 continue
             for size, fig in ((k, v) for k, v in run.items() if k.isdigit()):
                 ratio = _div(_rate(runs.get("ours"), size), fig["tokens_per_s"])
-                out.append(f"| {name} | {int(size):,} | {_fmt(fig['tokens_per_s'])} | "
-                           f"{_fmt(fig['mfu'], True)} | {_fmt(fig['peak_mem_gib'])} | "
-                           f"{_fmt(ratio)} |")
+                out.append(
+                    f"| {name} | {int(size):,} | {_fmt(fig['tokens_per_s'])} | "
+                    f"{_fmt(fig['mfu'], True)} | {_fmt(fig['peak_mem_gib'])} | "
+                    f"{_fmt(ratio)} |"
+                )
         out.append("")
     for shape, runs in (r.get("decode") or {}).items():
         w = runs.get("workload", {})
-        out += [(f"## Decoding, {shape}: {w.get('sentences')} sentences, beam {w.get('beam')}, "
-                 f"same hypotheses as HF: {w.get('same_hypotheses_as_hf', '–')}"), "",
-                "| contender | sentences/s | tokens/s | seconds |", "|---|---|---|---|"]
-        out += [f"| {k} | {v['sentences_per_s']} | {_fmt(v['tokens_per_s'])} | {v['seconds']} |"
-                for k, v in runs.items() if k != "workload"]
+        out += [
+            (
+                f"## Decoding, {shape}: {w.get('sentences')} sentences, beam {w.get('beam')}, "
+                f"same hypotheses as HF: {w.get('same_hypotheses_as_hf', '–')}"
+            ),
+            "",
+            "| contender | sentences/s | tokens/s | seconds |",
+            "|---|---|---|---|",
+        ]
+        out += [
+            f"| {k} | {v['sentences_per_s']} | {_fmt(v['tokens_per_s'])} | {v['seconds']} |"
+            for k, v in runs.items()
+            if k != "workload"
+        ]
         out.append("")
     if d["projection"]:
-        out += ["## Projected wall time of the presets (perfect data-parallel scaling)", "",
-                "| preset | steps | tokens/update | GPUs | micro-batch | hours |",
-                "|---|---|---|---|---|---|"]
-        out += [f"| {p['preset']} | {p['steps']:,} | {p['update_tokens']:,} | {p['gpus']} | "
-                f"{p['micro_batch']:,} | {p['hours']} |" for p in d["projection"]]
+        out += [
+            "## Projected wall time of the presets (perfect data-parallel scaling)",
+            "",
+            "| preset | steps | tokens/update | GPUs | micro-batch | hours |",
+            "|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {p['preset']} | {p['steps']:,} | {p['update_tokens']:,} | {p['gpus']} | "
+            f"{p['micro_batch']:,} | {p['hours']} |"
+            for p in d["projection"]
+        ]
         out.append("")
     out += ["## Goals", ""] + [
-        f"- {g['goal']}: {g['value']} ({'met' if g['met'] else 'not met'})" for g in d["goals"]]
+        f"- {g['goal']}: {g['value']} ({'met' if g['met'] else 'not met'})" for g in d["goals"]
+    ]
     out += ["", "## Decision rules", ""] + [f"- {x}" for x in d["rules"]]
     for key in ("skipped", "errors"):
         if r.get(key):

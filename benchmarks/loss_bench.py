@@ -44,11 +44,13 @@ def ours(h, w, y, eps):
 
 def step_losses(model: Transformer, eps: float) -> dict:
     """The model's training loss through both paths: {name: batch -> summed loss}."""
+
     def torch_step(b):
         memory, src_pad_mask = model.encode(b.src)
         h = model.decode_features(b.tgt_in, memory, src_pad_mask)  # (B, T, D)
         keep = b.tgt_out.ne(PAD_ID)
         return torch_loss(h[keep], model.output_weight, b.tgt_out[keep], eps)
+
     return {"torch": torch_step, "ours": lambda b: model.loss(b.src, b.tgt_in, b.tgt_out, eps)[0]}
 
 
@@ -65,7 +67,7 @@ def time_steps(run: Path, rounds: int) -> None:
     losses = step_losses(model, tcfg.label_smoothing)
     times: dict[str, float] = {"torch": 0.0, "ours": 0.0}
     for r in range(rounds + 1):  # round 0 warms up, untimed
-        bs = batches[10 * (r % 20): 10 * (r % 20) + 10]
+        bs = batches[10 * (r % 20) : 10 * (r % 20) + 10]
         for name in ("torch", "ours") if r % 2 else ("ours", "torch"):
             t = time.perf_counter()
             for b in bs:
@@ -74,8 +76,10 @@ def time_steps(run: Path, rounds: int) -> None:
                 opt.zero_grad(set_to_none=True)
             times[name] += (time.perf_counter() - t) if r else 0.0
     n = 10 * rounds
-    print(f"{n} training steps each: F.linear + F.cross_entropy {n / times['torch']:.2f} steps/s,"
-          f" output_loss {n / times['ours']:.2f} steps/s, ratio {times['torch'] / times['ours']:.2f}x")
+    print(
+        f"{n} training steps each: F.linear + F.cross_entropy {n / times['torch']:.2f} steps/s,"
+        f" output_loss {n / times['ours']:.2f} steps/s, ratio {times['torch'] / times['ours']:.2f}x"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,8 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab", type=int, nargs="+", default=[8000, 5365], help="V, one or more")
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--step", type=Path, metavar="RUN_DIR",
-                    help="time whole training steps in this run's checkout instead")
+    ap.add_argument(
+        "--step",
+        type=Path,
+        metavar="RUN_DIR",
+        help="time whole training steps in this run's checkout instead",
+    )
     ap.add_argument("--rounds", type=int, default=24, help="--step: timed rounds of 10 steps")
     args = ap.parse_args(argv)
     keep_freed_memory()  # as the train stage's process does
@@ -104,8 +112,10 @@ def main(argv: list[str] | None = None) -> None:
                 if i >= 3:  # warm-up rounds untimed
                     times[name].append(time.perf_counter() - t)
         base, fused = (statistics.median(times[k]) * 1e3 for k in ("torch", "ours"))
-        print(f"N {args.rows}, V {V}, d {args.d_model}: F.linear + F.cross_entropy {base:.0f} ms,"
-              f" output_loss {fused:.0f} ms, ratio {base / fused:.2f}x")
+        print(
+            f"N {args.rows}, V {V}, d {args.d_model}: F.linear + F.cross_entropy {base:.0f} ms,"
+            f" output_loss {fused:.0f} ms, ratio {base / fused:.2f}x"
+        )
 
 
 if __name__ == "__main__":

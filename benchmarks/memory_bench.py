@@ -54,8 +54,9 @@ def set_decay(mallctl, kinds: tuple[str, ...], ms: int, arenas: int | None = Non
     size = ctypes.c_size_t(ctypes.sizeof(n))
     mallctl(b"arenas.narenas", ctypes.byref(n), ctypes.byref(size), None, 0)
     for kind in kinds:
-        for name in [f"arenas.{kind}_decay_ms"] + [f"arena.{i}.{kind}_decay_ms"
-                                                  for i in range(arenas or n.value)]:
+        for name in [f"arenas.{kind}_decay_ms"] + [
+            f"arena.{i}.{kind}_decay_ms" for i in range(arenas or n.value)
+        ]:
             mallctl(name.encode(), None, None, ctypes.byref(value), ctypes.sizeof(value))
 
 
@@ -78,14 +79,24 @@ def child(args: argparse.Namespace) -> None:
         run.step(next(run.stream)[1])
         if i % args.every == 0 or i == args.steps:
             rss = int(Path("/proc/self/statm").read_text().split()[1]) * page >> 20
-            print(json.dumps({"step": i, "seconds": time.perf_counter() - start, "rss": rss,
-                              "allocated": jemalloc_stat(mallctl, "allocated"),
-                              "resident": jemalloc_stat(mallctl, "resident")}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": i,
+                        "seconds": time.perf_counter() - start,
+                        "rss": rss,
+                        "allocated": jemalloc_stat(mallctl, "allocated"),
+                        "resident": jemalloc_stat(mallctl, "resident"),
+                    }
+                ),
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_run_args(ap)
     ap.add_argument("--steps", type=int, default=1000, help="training steps per setting")
     ap.add_argument("--every", type=int, default=100, help="report memory every N steps")
@@ -99,25 +110,41 @@ def main(argv: list[str] | None = None) -> None:
     env = {**os.environ, "LD_PRELOAD": str(JEMALLOC[0])}
     rows: dict[str, list[dict]] = {}
     for setting in args.settings:  # one after another: two would share the 2 cores
-        cmd = [sys.executable, __file__, str(args.shards), str(args.tokenizer), "--params",
-               str(args.params), "--steps", str(args.steps), "--every", str(args.every),
-               "--child", setting]
+        cmd = [
+            sys.executable,
+            __file__,
+            str(args.shards),
+            str(args.tokenizer),
+            "--params",
+            str(args.params),
+            "--steps",
+            str(args.steps),
+            "--every",
+            str(args.every),
+            "--child",
+            setting,
+        ]
         rows[setting] = []
         with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as proc:
             for line in proc.stdout:
                 r = json.loads(line)
                 rows[setting].append(r)
-                print(f"{setting:>7} step {r['step']:>6}: RSS {r['rss']:>6} MiB, jemalloc "
-                      f"allocated {r['allocated']:>6} / resident {r['resident']:>6} MiB, "
-                      f"{r['seconds']:.0f} s", flush=True)
+                print(
+                    f"{setting:>7} step {r['step']:>6}: RSS {r['rss']:>6} MiB, jemalloc "
+                    f"allocated {r['allocated']:>6} / resident {r['resident']:>6} MiB, "
+                    f"{r['seconds']:.0f} s",
+                    flush=True,
+                )
         if proc.returncode:
             sys.exit(f"memory_bench: the {setting} process failed ({proc.returncode})")
     base = "keep" if "keep" in rows else args.settings[0]
     base_peak = max(r["rss"] for r in rows[base])
     for setting, rs in rows.items():
         peak = max(r["rss"] for r in rs)
-        print(f"{setting:>7}: {rs[-1]['step'] / rs[-1]['seconds']:.2f} steps/s, peak RSS "
-              f"{peak} MiB ({peak / base_peak:.2f}x {base}'s), at the end {rs[-1]['rss']} MiB")
+        print(
+            f"{setting:>7}: {rs[-1]['step'] / rs[-1]['seconds']:.2f} steps/s, peak RSS "
+            f"{peak} MiB ({peak / base_peak:.2f}x {base}'s), at the end {rs[-1]['rss']} MiB"
+        )
 
 
 if __name__ == "__main__":

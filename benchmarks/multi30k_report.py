@@ -30,13 +30,35 @@ from transformer.config import AverageConfig
 STEP_GLOB = "step_*.pt"
 
 
-def evaluate(run: Path, model: Path, splits: list[str], beams: list[int], tag: str,
-             precision: str = "fp32", length_penalty: float | None = None) -> dict:
+def evaluate(
+    run: Path,
+    model: Path,
+    splits: list[str],
+    beams: list[int],
+    tag: str,
+    precision: str = "fp32",
+    length_penalty: float | None = None,
+) -> dict:
     out = run / "report" / (tag if length_penalty is None else f"{tag}-lp{length_penalty}")
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "transformer.evaluate", str(model), "data/tokenizer", "data/raw",
-           str(out), "--metrics", str(out / "metrics.json"), "--no-progress",
-           "--split", *splits, "--beam-size", *map(str, beams), "--precision", precision]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformer.evaluate",
+        str(model),
+        "data/tokenizer",
+        "data/raw",
+        str(out),
+        "--metrics",
+        str(out / "metrics.json"),
+        "--no-progress",
+        "--split",
+        *splits,
+        "--beam-size",
+        *map(str, beams),
+        "--precision",
+        precision,
+    ]
     if length_penalty is not None:
         cmd += ["--length-penalty", str(length_penalty)]
     subprocess.run(cmd, cwd=run, check=True)
@@ -48,8 +70,11 @@ def minutes(path: Path) -> float:
 
 
 def row(name: str, m: dict) -> str:
-    cells = [m[f"{s}.beam{b}"][k] for s in ("valid", "test")
-             for b, k in ((1, "bleu"), (4, "bleu"), (4, "chrf"))]
+    cells = [
+        m[f"{s}.beam{b}"][k]
+        for s in ("valid", "test")
+        for b, k in ((1, "bleu"), (4, "bleu"), (4, "chrf"))
+    ]
     return f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
 
 
@@ -59,13 +84,16 @@ def beam4_row(name: str, m: dict) -> str:
     return f"| {name} | | {v['bleu']:.1f} | {v['chrf']:.1f} | | {t['bleu']:.1f} | {t['chrf']:.1f} |"
 
 
-def report(run: Path, curve: float, int8: bool, length_penalties: list[float],
-           averages: list[int]) -> None:
+def report(
+    run: Path, curve: float, int8: bool, length_penalties: list[float], averages: list[int]
+) -> None:
     last = max((run / "data" / "checkpoints").glob(STEP_GLOB))
     avg = run / "data" / "model.pt"
     print(f"\n### {run}  (last: {last.name}, {minutes(last):.1f} training minutes)\n")
-    print("| model | val greedy | val beam 4 | val chrF (beam 4) | test greedy | test beam 4 "
-          "| test chrF (beam 4) |")
+    print(
+        "| model | val greedy | val beam 4 | val chrF (beam 4) | test greedy | test beam 4 "
+        "| test chrF (beam 4) |"
+    )
     print("|---|---|---|---|---|---|---|")
     both = ["valid", "test"]
     sig = None
@@ -74,8 +102,11 @@ def report(run: Path, curve: float, int8: bool, length_penalties: list[float],
         sig = m["test.beam4"]["bleu_signature"]
         print(row(name, m))
     if int8:
-        print(beam4_row("average, int8",
-                        evaluate(run, avg, both, [4], "average-int8", precision="int8")))
+        print(
+            beam4_row(
+                "average, int8", evaluate(run, avg, both, [4], "average-int8", precision="int8")
+            )
+        )
     for lp in length_penalties:  # beam 4 with another alpha (choose it on val)
         for name, model in (("last checkpoint", last), ("average", avg)):
             m = evaluate(run, model, both, [4], name.split()[0], length_penalty=lp)
@@ -83,8 +114,11 @@ def report(run: Path, curve: float, int8: bool, length_penalties: list[float],
     for k in averages:
         model = run / "report" / f"average-last{k}.pt"
         save(average_checkpoints(select_checkpoints(run / "curve", AverageConfig(last_k=k))), model)
-        print(beam4_row(f"average of the last {k}",
-                        evaluate(run, model, both, [4], f"average-last{k}")))
+        print(
+            beam4_row(
+                f"average of the last {k}", evaluate(run, model, both, [4], f"average-last{k}")
+            )
+        )
     print(f"\nsacreBLEU {sig}")
     if curve:
         print("\n| training minutes | update | val greedy BLEU |\n|---|---|---|")
@@ -99,16 +133,34 @@ def report(run: Path, curve: float, int8: bool, length_penalties: list[float],
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("runs", nargs="+", type=Path, help="checkouts that ran the preset")
-    ap.add_argument("--curve", type=float, default=0.0, metavar="MINUTES",
-                    help="val BLEU of the RUN_DIR/curve/step_*.pt nearest each multiple of this")
+    ap.add_argument(
+        "--curve",
+        type=float,
+        default=0.0,
+        metavar="MINUTES",
+        help="val BLEU of the RUN_DIR/curve/step_*.pt nearest each multiple of this",
+    )
     ap.add_argument("--int8", action="store_true", help="also the average in int8 (beam 4)")
-    ap.add_argument("--length-penalty", type=float, nargs="+", default=[], metavar="ALPHA",
-                    help="also beam 4 with these length penalties (params: decode.length_penalty)")
-    ap.add_argument("--average", type=int, nargs="+", default=[], metavar="K",
-                    help="also beam 4 for the average of the last K checkpoints in RUN_DIR/curve")
+    ap.add_argument(
+        "--length-penalty",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="ALPHA",
+        help="also beam 4 with these length penalties (params: decode.length_penalty)",
+    )
+    ap.add_argument(
+        "--average",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="K",
+        help="also beam 4 for the average of the last K checkpoints in RUN_DIR/curve",
+    )
     args = ap.parse_args(argv)
     for run in args.runs:
         report(run.resolve(), args.curve, args.int8, args.length_penalty, args.average)

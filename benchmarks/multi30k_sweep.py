@@ -63,8 +63,9 @@ def run(cmd: list[str], log: Path, threads: int) -> None:
 
 def prepare(sweep: Path, params: dict, threads: int) -> Path:
     """The data folder (tokenizer + shards) for these data sections; built if missing."""
-    key = hashlib.sha256(json.dumps({s: params[s] for s in DATA_SECTIONS},
-                                    sort_keys=True).encode()).hexdigest()[:10]
+    key = hashlib.sha256(
+        json.dumps({s: params[s] for s in DATA_SECTIONS}, sort_keys=True).encode()
+    ).hexdigest()[:10]
     data = sweep / f"data-{key}"
     pfile = data / "params.yaml"
     data.mkdir(parents=True, exist_ok=True)
@@ -74,16 +75,46 @@ def prepare(sweep: Path, params: dict, threads: int) -> Path:
     if not any(raw.glob("train.*")):  # the download stage, once per sweep
         run([py, "-m", "transformer.download", str(raw), "--params", str(pfile)], log, threads)
     if not (data / "tokenizer").exists():
-        run([py, "-m", "transformer.tokenizer", str(raw), str(data / "tokenizer"),
-             "--params", str(pfile)], log, threads)
+        run(
+            [
+                py,
+                "-m",
+                "transformer.tokenizer",
+                str(raw),
+                str(data / "tokenizer"),
+                "--params",
+                str(pfile),
+            ],
+            log,
+            threads,
+        )
     if not (data / "shards").exists():
-        run([py, "-m", "transformer.shard", str(raw), str(data / "tokenizer"),
-             str(data / "shards"), "--params", str(pfile)], log, threads)
+        run(
+            [
+                py,
+                "-m",
+                "transformer.shard",
+                str(raw),
+                str(data / "tokenizer"),
+                str(data / "shards"),
+                "--params",
+                str(pfile),
+            ],
+            log,
+            threads,
+        )
     return data
 
 
-def variant(sweep: Path, data: Path, name: str, params: dict, threads: int, beams: list[int],
-            models: list[str]) -> dict:
+def variant(
+    sweep: Path,
+    data: Path,
+    name: str,
+    params: dict,
+    threads: int,
+    beams: list[int],
+    models: list[str],
+) -> dict:
     out = sweep / "runs" / name
     result = out / "result.json"
     if result.exists():
@@ -93,21 +124,64 @@ def variant(sweep: Path, data: Path, name: str, params: dict, threads: int, beam
     pfile.write_text(yaml.safe_dump(params, sort_keys=False))
     config.load_all(pfile)  # a misspelt override fails here, naming the key
     ckpts = out / "checkpoints"
-    run([py, "-m", "transformer.train", str(data / "shards"), str(data / "tokenizer"), str(ckpts),
-         "--params", str(pfile), "--no-progress", "--resume"], log, threads)
+    run(
+        [
+            py,
+            "-m",
+            "transformer.train",
+            str(data / "shards"),
+            str(data / "tokenizer"),
+            str(ckpts),
+            "--params",
+            str(pfile),
+            "--no-progress",
+            "--resume",
+        ],
+        log,
+        threads,
+    )
     if "average" in models:
-        run([py, "-m", "transformer.average", str(ckpts), str(out / "model.pt"),
-             "--params", str(pfile)], log, threads)
+        run(
+            [
+                py,
+                "-m",
+                "transformer.average",
+                str(ckpts),
+                str(out / "model.pt"),
+                "--params",
+                str(pfile),
+            ],
+            log,
+            threads,
+        )
     res: dict = {"name": name}
     last = max(ckpts.glob("step_*.pt"))
     for tag, model in (("last", last), ("average", out / "model.pt")):
         if tag not in models:
             continue
         mfile = out / f"eval-{tag}.json"
-        run([py, "-m", "transformer.evaluate", str(model), str(data / "tokenizer"),
-             str(sweep / "raw"), str(out / f"eval-{tag}"), "--metrics", str(mfile),
-             "--params", str(pfile), "--no-progress", "--split", "valid",
-             "--beam-size", *map(str, beams)], log, threads)
+        run(
+            [
+                py,
+                "-m",
+                "transformer.evaluate",
+                str(model),
+                str(data / "tokenizer"),
+                str(sweep / "raw"),
+                str(out / f"eval-{tag}"),
+                "--metrics",
+                str(mfile),
+                "--params",
+                str(pfile),
+                "--no-progress",
+                "--split",
+                "valid",
+                "--beam-size",
+                *map(str, beams),
+            ],
+            log,
+            threads,
+        )
         m = json.loads(mfile.read_text())
         for b in beams:
             res[f"{tag}.beam{b}"] = (m[f"valid.beam{b}"] if len(beams) > 1 else m)["bleu"]
@@ -118,8 +192,10 @@ def variant(sweep: Path, data: Path, name: str, params: dict, threads: int, beam
 
 def table(results: list[dict], beams: list[int], models: list[str]) -> str:
     cols = [f"{t}.beam{b}" for t in models for b in beams]
-    lines = ["| variant | steps | " + " | ".join(c.replace(".beam", " beam ") for c in cols)
-             + " |", "|---|---|" + "---|" * len(cols)]
+    lines = [
+        "| variant | steps | " + " | ".join(c.replace(".beam", " beam ") for c in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
     for r in sorted(results, key=lambda r: -r.get(cols[-1], -1)):
         cells = [f"{r[c]:.2f}" if c in r else "failed" for c in cols]
         lines.append(f"| {r['name']} | {r.get('steps', '')} | " + " | ".join(cells) + " |")
@@ -127,8 +203,9 @@ def table(results: list[dict], beams: list[int], models: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("sweep", type=Path, help="working folder (raw/, data-*/, runs/NAME/)")
     ap.add_argument("--preset", default="multi30k-en-de", help="the preset the variants modify")
     ap.add_argument("--variants", type=Path, help="YAML: name -> {dotted.key: value}")
@@ -137,8 +214,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=1, help="variants trained at once")
     ap.add_argument("--threads", type=int, default=1, help="OMP threads per process")
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--models", nargs="+", choices=("last", "average"),
-                    default=["last", "average"], help="which models to score")
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        choices=("last", "average"),
+        default=["last", "average"],
+        help="which models to score",
+    )
     args = ap.parse_args(argv)
     base = config.preset_params(args.preset)
     variants = yaml.safe_load(args.variants.read_text()) if args.variants else {"base": {}}
@@ -157,8 +239,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def one(item: tuple[str, dict]) -> dict:
         try:
-            return variant(sweep, data[item[0]], item[0], item[1], args.threads, args.beams,
-                           args.models)
+            return variant(
+                sweep, data[item[0]], item[0], item[1], args.threads, args.beams, args.models
+            )
         except subprocess.CalledProcessError as e:
             print(f"{item[0]}: failed ({e}); see {args.sweep}/runs/{item[0]}/log.txt")
             return {"name": item[0]}

@@ -33,14 +33,20 @@ class Peer:
         self.shape = shape
         assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
         paper = opts.get("paper", "off") == "on"
-        cfg = ModelConfig(d_model=shape["d_model"], d_ff=shape["ff"], n_heads=shape["heads"],
-                          n_layers=shape["enc_layers"], dropout=shape["dropout"],
-                          attention_dropout=0.0 if paper else shape["attention_dropout"],
-                          activation_dropout=0.0 if paper else shape["activation_dropout"])
+        cfg = ModelConfig(
+            d_model=shape["d_model"],
+            d_ff=shape["ff"],
+            n_heads=shape["heads"],
+            n_layers=shape["enc_layers"],
+            dropout=shape["dropout"],
+            attention_dropout=0.0 if paper else shape["attention_dropout"],
+            activation_dropout=0.0 if paper else shape["activation_dropout"],
+        )
         self.model = Transformer(cfg, shape["vocab"])
         self.autocast = opts.get("autocast", "off") == "bf16"
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
-                                    eps=1e-9, fused=True)
+        self.opt = torch.optim.Adam(
+            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True
+        )
 
     def train_step(self, b):
         """The train stage's update: token-summed smoothed loss / target tokens, fused Adam."""

@@ -131,9 +131,21 @@ class Supervisor:
                 self.starts += 1
                 log = open(self.logs / f"serve-{self.starts}.log", "w")  # noqa: SIM115
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "flows.serve", "--retrain-preset", "soak",
-                     "--cron", "0 0 1 1 *"], cwd=self.project, env=self.env, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True)
+                    [
+                        sys.executable,
+                        "-m",
+                        "flows.serve",
+                        "--retrain-preset",
+                        "soak",
+                        "--cron",
+                        "0 0 1 1 *",
+                    ],
+                    cwd=self.project,
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             time.sleep(1.0)
 
     def ready(self, timeout: float = 300.0) -> None:
@@ -172,8 +184,15 @@ def stage_running(ws: Path) -> bool:
     return False
 
 
-def inject(fault: str, sup: Supervisor, ws: Path, fs: Path, rng: random.Random,
-           log: list[str], since: float) -> None:
+def inject(
+    fault: str,
+    sup: Supervisor,
+    ws: Path,
+    fs: Path,
+    rng: random.Random,
+    log: list[str],
+    since: float,
+) -> None:
     """Carry out `fault` during the cycle that started at time.time() `since` (a thread)."""
     if fault in ("http500", "drop"):
         Corpus.faults[fault] = 3
@@ -183,7 +202,8 @@ def inject(fault: str, sup: Supervisor, ws: Path, fs: Path, rng: random.Random,
     if fault == "corrupt":
         index = ws / "data/shards/train/index.json"
         while time.monotonic() < deadline and not (
-                index.exists() and index.stat().st_mtime > since):
+            index.exists() and index.stat().st_mtime > since
+        ):
             time.sleep(0.05)
         corrupt(ws, log)
         return
@@ -212,7 +232,7 @@ def corrupt(ws: Path, log: list[str]) -> None:
         return
     victim = shards[0]
     data = bytearray(victim.read_bytes())
-    data[len(data) // 2: len(data) // 2 + 64] = os.urandom(64)
+    data[len(data) // 2 : len(data) // 2 + 64] = os.urandom(64)
     victim.unlink()  # a new file: a link into DVC's cache must not be written through
     victim.write_bytes(bytes(data))
     log.append(f"corrupt: {victim.relative_to(ws)} overwritten")
@@ -240,14 +260,33 @@ def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "DVC_NO_ANALYTICS": "1",
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_RUNNER_POLL_FREQUENCY": "2",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                             "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=open(home / "server.log", "w"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "DVC_NO_ANALYTICS": "1",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=open(home / "server.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     import urllib.request
 
     for _ in range(600):
@@ -262,23 +301,40 @@ def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
     """(the project, its file system's mount point, whether that is a tmpfs of its own)."""
     fs = workdir / "fs"
     fs.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(fs)],
-                             capture_output=True, check=False).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(fs)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
     project = fs / "project"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
     (project / "presets/soak.yaml").write_text(PRESET.format(url=url))
-    for cmd in (["git", "add", "presets/soak.yaml"],
-                ["git", "-c", "user.name=soak", "-c", "user.email=soak@localhost", "commit",
-                 "-qm", "the soak preset"],
-                ["git", "config", "user.name", "soak"],
-                ["git", "config", "user.email", "soak@localhost"]):
+    for cmd in (
+        ["git", "add", "presets/soak.yaml"],
+        [
+            "git",
+            "-c",
+            "user.name=soak",
+            "-c",
+            "user.email=soak@localhost",
+            "commit",
+            "-qm",
+            "the soak preset",
+        ],
+        ["git", "config", "user.name", "soak"],
+        ["git", "config", "user.email", "soak@localhost"],
+    ):
         subprocess.run(cmd, cwd=project, check=True)
     return project, fs, mounted
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workdir", type=Path, required=True, help="a new folder for everything")
     ap.add_argument("--cycles", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
@@ -332,15 +388,23 @@ def one_cycle(cycle, args, rng, faults, sup, ws, fs, project) -> dict:
     t0, since = time.monotonic(), time.time()
     fr = run_deployment("retrain/retrain", timeout=0)
     if fault:
-        threading.Thread(target=inject, args=(fault, sup, ws, fs, rng, log, since),
-                         daemon=True).start()
+        threading.Thread(
+            target=inject, args=(fault, sup, ws, fs, rng, log, since), daemon=True
+        ).start()
     final = wait_final(str(fr.id), args.cycle_timeout)
     champion = registry.champion(project)
-    return {"cycle": cycle, "fault": fault, "fault_log": log, "state": final.state.type.value,
-            "message": (final.state.message or "")[:300], "attempts": final.run_count,
-            "seconds": round(time.monotonic() - t0, 1),
-            "champion": champion and champion.get("version"),
-            "champion_bleu": champion and champion.get("bleu"), "run": str(fr.id)}
+    return {
+        "cycle": cycle,
+        "fault": fault,
+        "fault_log": log,
+        "state": final.state.type.value,
+        "message": (final.state.message or "")[:300],
+        "attempts": final.run_count,
+        "seconds": round(time.monotonic() - t0, 1),
+        "champion": champion and champion.get("version"),
+        "champion_bleu": champion and champion.get("bleu"),
+        "run": str(fr.id),
+    }
 
 
 def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
@@ -350,9 +414,15 @@ def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
     from prefect.client.schemas.filters import FlowRunFilterStateType as Types
 
     with get_client(sync_client=True) as c:
-        open_runs = [r for r in c.read_flow_runs(flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=Types(any_=["RUNNING", "PENDING", "SCHEDULED"]))))
-            if not r.auto_scheduled]
+        open_runs = [
+            r
+            for r in c.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=Types(any_=["RUNNING", "PENDING", "SCHEDULED"]))
+                )
+            )
+            if not r.auto_scheduled
+        ]
     bleus = [b for b in champions if b is not None]
     (project / ".dvc/tmp").mkdir(parents=True, exist_ok=True)
     with open(project / ".dvc/tmp/flows.lock", "a") as f:
@@ -362,40 +432,67 @@ def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
         except BlockingIOError:
             lock_free = False
     rwlock = ws / ".dvc/tmp/rwlock"
-    leftovers = [str(p) for p in (*ws.glob("data/.*.tmp"), *ws.glob("data/**/.*.tmp"),
-                                  *project.glob(".dvc/tmp/exps/tmp*"))]
-    named = [r for r in rows if r["state"] != "COMPLETED" and "failed" not in r["message"]
-             and "giving up" not in r["message"]]
+    leftovers = [
+        str(p)
+        for p in (
+            *ws.glob("data/.*.tmp"),
+            *ws.glob("data/**/.*.tmp"),
+            *project.glob(".dvc/tmp/exps/tmp*"),
+        )
+    ]
+    named = [
+        r
+        for r in rows
+        if r["state"] != "COMPLETED"
+        and "failed" not in r["message"]
+        and "giving up" not in r["message"]
+    ]
     results = {
         "no run left open": not open_runs,
-        "every cycle Completed or Failed with a named cause": not named and all(
-            r["state"] in ("COMPLETED", "FAILED") for r in rows),
+        "every cycle Completed or Failed with a named cause": not named
+        and all(r["state"] in ("COMPLETED", "FAILED") for r in rows),
         "the champion's BLEU never fell": all(a <= b for a, b in itertools.pairwise(bleus)),
         "the workspace lock is free": lock_free,
-        "no DVC lock held": not rwlock.exists() or not any(
-            json.loads(rwlock.read_text() or "{}").get(mode) for mode in ("read", "write")),
+        "no DVC lock held": not rwlock.exists()
+        or not any(json.loads(rwlock.read_text() or "{}").get(mode) for mode in ("read", "write")),
         "no temporary folder left": not leftovers,
         "no stage process left": not stage_running(ws),
         "the checkout unchanged": (project / "params.yaml").read_bytes() == params_before
-        and subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True,
-                           text=True, check=True).stdout == "",
+        and subprocess.run(
+            ["git", "status", "--porcelain"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        == "",
     }
-    return {"ok": all(results.values()), "checks": results, "cycles": rows,
-            "serve_starts": sup.starts, "corpus_requests": Corpus.served,
-            "open_runs": [str(r.id) for r in open_runs], "leftovers": leftovers,
-            "rwlock": rwlock.read_text() if rwlock.exists() else None,
-            "disk_full_tested": mounted}
+    return {
+        "ok": all(results.values()),
+        "checks": results,
+        "cycles": rows,
+        "serve_starts": sup.starts,
+        "corpus_requests": Corpus.served,
+        "open_runs": [str(r.id) for r in open_runs],
+        "leftovers": leftovers,
+        "rwlock": rwlock.read_text() if rwlock.exists() else None,
+        "disk_full_tested": mounted,
+    }
 
 
 def print_table(report: dict) -> None:
     print("\n| cycle | fault | final state | attempts | seconds | champion (BLEU) |")
     print("|---|---|---|---|---|---|")
     for r in report["cycles"]:
-        print(f"| {r['cycle']} | {r['fault'] or ''} | {r['state']} | {r['attempts']} | "
-              f"{r['seconds']:.0f} | {r['champion']} ({r['champion_bleu']}) |")
+        print(
+            f"| {r['cycle']} | {r['fault'] or ''} | {r['state']} | {r['attempts']} | "
+            f"{r['seconds']:.0f} | {r['champion']} ({r['champion_bleu']}) |"
+        )
     done = [r for r in report["cycles"] if r["state"] == "COMPLETED"]
-    print(f"\n{len(done)} of {len(report['cycles'])} cycles Completed; serve started "
-          f"{report['serve_starts']} times; corpus requests {report['corpus_requests']}")
+    print(
+        f"\n{len(done)} of {len(report['cycles'])} cycles Completed; serve started "
+        f"{report['serve_starts']} times; corpus requests {report['corpus_requests']}"
+    )
     for name, ok in report["checks"].items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")
 

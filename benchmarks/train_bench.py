@@ -29,13 +29,13 @@ PEERS = ("ref", "ref_bf16", "hf", "hf_bf16")
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--shape", default="small", choices=["small", "base"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--python", default=os.environ.get("PEERS_VENV",
-                                                       "/tmp/perf/venv/bin/python"))
+    ap.add_argument("--python", default=os.environ.get("PEERS_VENV", "/tmp/perf/venv/bin/python"))
     ap.add_argument("--out", type=Path, default=Path("/tmp/perf/train_bench.jsonl"))
     ap.add_argument("--peers", default=",".join(PEERS), help="comma list of bench.py peers")
     args = ap.parse_args(argv)
@@ -45,8 +45,21 @@ def main(argv: list[str] | None = None) -> None:
     args.out.unlink(missing_ok=True)
     # the train stage's settings: fp32, or train.precision bf16
     mine = [f"mine={ADAPTER}@{args.python}", f"mine_bf16={ADAPTER}:autocast=bf16@{args.python}"]
-    cmd = [args.python, "bench.py", "train", "--shape", args.shape, "--rounds", str(args.rounds),
-           "--steps", str(args.steps), "--peers", args.peers, "--out", str(args.out)]
+    cmd = [
+        args.python,
+        "bench.py",
+        "train",
+        "--shape",
+        args.shape,
+        "--rounds",
+        str(args.rounds),
+        "--steps",
+        str(args.steps),
+        "--peers",
+        args.peers,
+        "--out",
+        str(args.out),
+    ]
     cmd += [x for m in mine for x in ("--peer", m)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PEERS_VENV": args.python}
     subprocess.run(cmd, cwd=PEERS_DIR, env=env, check=True)
@@ -69,13 +82,16 @@ def report(rows: list[dict], shape: str) -> None:
     for mine in (n for n in by if n.startswith("mine")):
         ratios = []
         for rnd, r in by[mine].items():
-            best = max((by[p][rnd]["tgt_tokens_per_s"] for p in peers if rnd in by[p]),
-                       default=None)
+            best = max(
+                (by[p][rnd]["tgt_tokens_per_s"] for p in peers if rnd in by[p]), default=None
+            )
             if best:
                 ratios.append(r["tgt_tokens_per_s"] / best)
         if ratios:
-            print(f"  {mine} / fastest peer (paired per round): "
-                  f"{statistics.median(ratios):.2f}x  [{min(ratios):.2f}-{max(ratios):.2f}]")
+            print(
+                f"  {mine} / fastest peer (paired per round): "
+                f"{statistics.median(ratios):.2f}x  [{min(ratios):.2f}-{max(ratios):.2f}]"
+            )
 
 
 if __name__ == "__main__":

@@ -65,13 +65,24 @@ class Run:
     """One command, measured: wall time, peak RSS (sampled), its output lines with times."""
 
     def __init__(self, cmd: list[str], cwd: Path, log: Path):
-        env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
-               "DVC_NO_ANALYTICS": "1"}
+        env = {
+            **os.environ,
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+            "PYTHONUNBUFFERED": "1",
+            "DVC_NO_ANALYTICS": "1",
+        }
         self.cmd, self.lines, self.tree_peak, self.stage_rss = cmd, [], 0, 0
         self.load = os.getloadavg()[0]
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
         done = threading.Event()
         sampler = threading.Thread(target=self._sample, args=(proc.pid, done), daemon=True)
         sampler.start()
@@ -87,7 +98,9 @@ class Run:
         self.wall, self.rc = time.monotonic() - t0, proc.returncode
         if self.rc:
             tail = "\n".join(t for _, t in self.lines[-30:])
-            raise SystemExit(f"error: `{' '.join(cmd)}` exited with {self.rc} (log: {log}):\n{tail}")
+            raise SystemExit(
+                f"error: `{' '.join(cmd)}` exited with {self.rc} (log: {log}):\n{tail}"
+            )
 
     def _sample(self, pid: int, done: threading.Event) -> None:
         """Every 0.25 s: the tree's total RSS, and each process's own; `stage_rss` is the
@@ -117,8 +130,11 @@ class Run:
         start, lock = self.at("Running stage '"), self.at("Updating lock file")
         if start is None:
             return None, None
-        before_lock = [t for t, line in self.lines if lock is not None and t < lock
-                       and "Updating lock file" not in line]
+        before_lock = [
+            t
+            for t, line in self.lines
+            if lock is not None and t < lock and "Updating lock file" not in line
+        ]
         return start, (self.wall - before_lock[-1]) if before_lock else None
 
 
@@ -136,10 +152,12 @@ def disk(project: Path) -> dict[str, int]:
     """Bytes on disk: the workspace's artifacts (data/), what .dvc holds that they do not (its
     copies and state), and the download stage's own cache (archives and extracted members)."""
     work, dvc = inodes(project / "data"), inodes(project / ".dvc")
-    return {"workspace": sum(work.values()),
-            "dvc_extra": sum(b for k, b in dvc.items() if k not in work),
-            "dvc_cache": sum(inodes(project / ".dvc" / "cache").values()),
-            "download_cache": sum(inodes(project / ".cache").values())}
+    return {
+        "workspace": sum(work.values()),
+        "dvc_extra": sum(b for k, b in dvc.items() if k not in work),
+        "dvc_cache": sum(inodes(project / ".dvc" / "cache").values()),
+        "download_cache": sum(inodes(project / ".cache").values()),
+    }
 
 
 def dvc(project: Path, log: Path, *args: str) -> Run:
@@ -151,20 +169,40 @@ def make_project(project: Path, defaults: bool) -> None:
     if project.exists():
         shutil.rmtree(project)
     project.mkdir(parents=True)
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, check=True, text=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        text=True,
+    ).stdout.split("\0")
     for f in filter(None, files):
         if (ROOT / f).is_file():
             (project / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, project / f)
     if defaults:  # DVC's defaults: cache.type reflink,copy (a copy on ext4), checkpoints cached
-        subprocess.run([str(BIN / "dvc"), "config", "--unset", "cache.type"], cwd=project,
-                       check=False, capture_output=True)
+        subprocess.run(
+            [str(BIN / "dvc"), "config", "--unset", "cache.type"],
+            cwd=project,
+            check=False,
+            capture_output=True,
+        )
         text = (project / "dvc.yaml").read_text()
         assert "          cache: false\n" in text, "dvc.yaml: no uncached output to cache"
         (project / "dvc.yaml").write_text(text.replace("          cache: false\n", ""))
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["-c", "user.name=rehearsal", "-c",
-                "user.email=r@localhost", "commit", "-qm", "rehearsal checkout"]):
+    for cmd in (
+        ["init", "-q", "-b", "main"],
+        ["add", "-A"],
+        [
+            "-c",
+            "user.name=rehearsal",
+            "-c",
+            "user.email=r@localhost",
+            "commit",
+            "-qm",
+            "rehearsal checkout",
+        ],
+    ):
         subprocess.run(["git", *cmd], cwd=project, check=True)
 
 
@@ -172,8 +210,12 @@ def set_params(project: Path, preset: str, overrides: list[str]) -> None:
     """params.yaml: the preset, then `dvc exp run -S`-style overrides, validated."""
     from dvc.utils.hydra import apply_overrides
 
-    subprocess.run([sys.executable, "-m", "transformer.config", "preset", preset], cwd=project,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "transformer.config", "preset", preset],
+        cwd=project,
+        check=True,
+        capture_output=True,
+    )
     apply_overrides(project / "params.yaml", overrides)
     load_all(project / "params.yaml")
 
@@ -192,41 +234,75 @@ def checkpoint_size(project: Path) -> tuple[int, int]:
 def need_free(path: Path, need: int, what: str) -> None:
     free = shutil.disk_usage(path).free
     if free < need:
-        raise SystemExit(f"error: {what} needs {need / GiB:.1f} GiB free in {path}, "
-                         f"there are {free / GiB:.1f} GiB")
+        raise SystemExit(
+            f"error: {what} needs {need / GiB:.1f} GiB free in {path}, "
+            f"there are {free / GiB:.1f} GiB"
+        )
 
 
 def base(args, project: Path, url: str, log: Path) -> list[dict]:
-    set_params(project, "wmt14-en-de-base", [
-        f"download.mirror={url}", "train.nproc=1", f"train.max_steps={args.steps}",
-        f"train.save_every_steps={args.save_every}", "train.save_every_minutes=0",
-        "train.valid_every_steps=0", "train.log_every_steps=1", "train.precision=auto",
-        "average.interval_minutes=0", *args.set])
+    set_params(
+        project,
+        "wmt14-en-de-base",
+        [
+            f"download.mirror={url}",
+            "train.nproc=1",
+            f"train.max_steps={args.steps}",
+            f"train.save_every_steps={args.save_every}",
+            "train.save_every_minutes=0",
+            "train.valid_every_steps=0",
+            "train.log_every_steps=1",
+            "train.precision=auto",
+            "average.interval_minutes=0",
+            *args.set,
+        ],
+    )
     keep = load_all(project / "params.yaml")["train"].keep_last
     _, size = checkpoint_size(project)
     text = 5 * GiB * args.pairs / sum(wmt_mirror.REAL_PAIRS.values())  # raw, shards, caches
-    need_free(project, int((keep + 2) * size + text * (2 if args.dvc_defaults else 1) + GiB),
-              "the base rehearsal")
+    need_free(
+        project,
+        int((keep + 2) * size + text * (2 if args.dvc_defaults else 1) + GiB),
+        "the base rehearsal",
+    )
     rows = []
     for stage in STAGES[: STAGES.index(args.until) + 1]:
         r = dvc(project, log, "repro", "--single-item", stage)
         before, after = r.dvc_overhead()
-        rows.append({"what": stage, "wall_s": r.wall, "dvc_before_s": before,
-                     "dvc_after_s": after, "stage_rss": r.stage_rss,
-                     "tree_rss": r.tree_peak,
-                     "load": r.load, **disk(project)})
+        rows.append(
+            {
+                "what": stage,
+                "wall_s": r.wall,
+                "dvc_before_s": before,
+                "dvc_after_s": after,
+                "stage_rss": r.stage_rss,
+                "tree_rss": r.tree_peak,
+                "load": r.load,
+                **disk(project),
+            }
+        )
         print(f"{stage}: {r.wall:.0f} s, peak RSS {r.stage_rss / GiB:.2f} GiB", flush=True)
     checks = [("dvc status", ["status"]), ("dvc status (again)", ["status"])]
     if args.until == STAGES[-1]:
-        checks += [("no-op dvc repro", ["repro"]), ("train start, checkpoints present",
-                                                    ["repro", "--force", "--single-item", "train"])]
+        checks += [
+            ("no-op dvc repro", ["repro"]),
+            ("train start, checkpoints present", ["repro", "--force", "--single-item", "train"]),
+        ]
     for what, cmd in checks:
         r = dvc(project, log, *cmd)
         before, after = r.dvc_overhead()
-        rows.append({"what": what, "wall_s": r.wall, "dvc_before_s": before,
-                     "dvc_after_s": after, "stage_rss": r.stage_rss,
-                     "tree_rss": r.tree_peak,
-                     "load": r.load, **disk(project)})
+        rows.append(
+            {
+                "what": what,
+                "wall_s": r.wall,
+                "dvc_before_s": before,
+                "dvc_after_s": after,
+                "stage_rss": r.stage_rss,
+                "tree_rss": r.tree_peak,
+                "load": r.load,
+                **disk(project),
+            }
+        )
     return rows
 
 
@@ -255,37 +331,75 @@ def big_checkpoints(project: Path, n: int) -> int:
         opt.step()
         step, final = (i + 1) * 1000, i == n - 1
         seconds = 600.0 * i - (300.0 if final else 0.0) + 600.0
-        checkpoint.save(checkpoint.step_path(out, step), {
-            "model": model.state_dict(), "model_config": dataclasses.asdict(cfg["model"]),
-            "vocab_size": vocab, "tokenizer_sha256": sha, "step": step,
-            "train_seconds": seconds, "final": final, "optimizer": opt.state_dict(),
-            "train_config": dataclasses.asdict(cfg["train"])})
+        checkpoint.save(
+            checkpoint.step_path(out, step),
+            {
+                "model": model.state_dict(),
+                "model_config": dataclasses.asdict(cfg["model"]),
+                "vocab_size": vocab,
+                "tokenizer_sha256": sha,
+                "step": step,
+                "train_seconds": seconds,
+                "final": final,
+                "optimizer": opt.state_dict(),
+                "train_config": dataclasses.asdict(cfg["train"]),
+            },
+        )
     return checkpoint.step_path(out, step).stat().st_size
 
 
 def big(args, project: Path, log: Path) -> list[dict]:
     # the base run's mirror URL: the data stages stay as they are (nothing is downloaded)
     url = load_all(project / "params.yaml")["download"].mirror
-    set_params(project, "wmt14-en-de-big", [f"download.mirror={url}", "train.nproc=1",
-                                            "train.precision=auto", *args.set, *args.big_set])
+    set_params(
+        project,
+        "wmt14-en-de-big",
+        [
+            f"download.mirror={url}",
+            "train.nproc=1",
+            "train.precision=auto",
+            *args.set,
+            *args.big_set,
+        ],
+    )
     n_params, size = checkpoint_size(project)
-    need_free(project, (args.big_checkpoints + 1) * size * (2 if args.dvc_defaults else 1)
-              + 2 * GiB, f"{args.big_checkpoints} checkpoints of {n_params / 1e6:.0f}M parameters")
+    need_free(
+        project,
+        (args.big_checkpoints + 1) * size * (2 if args.dvc_defaults else 1) + 2 * GiB,
+        f"{args.big_checkpoints} checkpoints of {n_params / 1e6:.0f}M parameters",
+    )
     t0 = time.monotonic()
     one = big_checkpoints(project, args.big_checkpoints)
-    rows = [{"what": f"write {args.big_checkpoints} big checkpoints ({n_params / 1e6:.0f}M "
-             f"parameters, {one / GiB:.2f} GiB each)", "wall_s": time.monotonic() - t0,
-             "load": os.getloadavg()[0], **disk(project)}]
-    for what, cmd in (("dvc commit train", ["commit", "--force", "train"]),
-                      ("average (by time, last 20)", ["repro", "--single-item", "average"]),
-                      ("dvc status", ["status"]),
-                      ("no-op dvc repro average", ["repro", "--single-item", "average"])):
+    rows = [
+        {
+            "what": f"write {args.big_checkpoints} big checkpoints ({n_params / 1e6:.0f}M "
+            f"parameters, {one / GiB:.2f} GiB each)",
+            "wall_s": time.monotonic() - t0,
+            "load": os.getloadavg()[0],
+            **disk(project),
+        }
+    ]
+    for what, cmd in (
+        ("dvc commit train", ["commit", "--force", "train"]),
+        ("average (by time, last 20)", ["repro", "--single-item", "average"]),
+        ("dvc status", ["status"]),
+        ("no-op dvc repro average", ["repro", "--single-item", "average"]),
+    ):
         r = dvc(project, log, *cmd)
         before, after = r.dvc_overhead()
-        rows.append({"what": what, "wall_s": r.wall, "dvc_before_s": before,
-                     "dvc_after_s": after, "stage_rss": r.stage_rss,
-                     "tree_rss": r.tree_peak,
-                     "load": r.load, "rss_per_checkpoint": r.stage_rss / one, **disk(project)})
+        rows.append(
+            {
+                "what": what,
+                "wall_s": r.wall,
+                "dvc_before_s": before,
+                "dvc_after_s": after,
+                "stage_rss": r.stage_rss,
+                "tree_rss": r.tree_peak,
+                "load": r.load,
+                "rss_per_checkpoint": r.stage_rss / one,
+                **disk(project),
+            }
+        )
     from transformer import checkpoint
 
     averaged = checkpoint.load(project / "data" / "model.pt", mmap=True)["averaged"]
@@ -302,17 +416,21 @@ def _s(x) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| step | wall s | DVC before / after s | peak RSS GiB: stage / process tree | "
-            "workspace GiB | DVC cache GiB | DVC adds GiB | download cache GiB | load |\n"
-            "|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| step | wall s | DVC before / after s | peak RSS GiB: stage / process tree | "
+        "workspace GiB | DVC cache GiB | DVC adds GiB | download cache GiB | load |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
     out = [head]
     for r in rows:
         dvc_s = f"{_s(r.get('dvc_before_s'))} / {_s(r.get('dvc_after_s'))}".strip(" /")
         rss = " / ".join(_gib(r[k]) for k in ("stage_rss", "tree_rss") if k in r)
-        out.append(f"| {r['what']} | {_s(r['wall_s'])} | {dvc_s} | {rss} | "
-                   f"{_gib(r.get('workspace'))} | {_gib(r.get('dvc_cache'))} | "
-                   f"{_gib(r.get('dvc_extra'))} | "
-                   f"{_gib(r.get('download_cache'))} | {r['load']:.1f} |")
+        out.append(
+            f"| {r['what']} | {_s(r['wall_s'])} | {dvc_s} | {rss} | "
+            f"{_gib(r.get('workspace'))} | {_gib(r.get('dvc_cache'))} | "
+            f"{_gib(r.get('dvc_extra'))} | "
+            f"{_gib(r.get('download_cache'))} | {r['load']:.1f} |"
+        )
     return "\n".join(out)
 
 
@@ -324,8 +442,9 @@ def goals(rows: list[dict]) -> list[str]:
     if ran:
         last, rss = by[ran[-1]], max(by[s]["stage_rss"] for s in ran)
         adds = last["dvc_extra"] / last["workspace"]
-        out.append(f"largest peak RSS of a stage: {rss / GiB:.2f} GiB ({', '.join(ran)}; "
-                   "goal: 2 GiB)")
+        out.append(
+            f"largest peak RSS of a stage: {rss / GiB:.2f} GiB ({', '.join(ran)}; goal: 2 GiB)"
+        )
         out.append(f"DVC adds {adds:.1%} disk over the artifacts (goal: 10%)")
         out.append(f"dvc status {by['dvc status (again)']['wall_s']:.1f} s (goal: 5 s)")
     if all(s in by for s in STAGES[:3]):
@@ -335,31 +454,51 @@ def goals(rows: list[dict]) -> list[str]:
         out.append(f"no-op dvc repro {by['no-op dvc repro']['wall_s']:.1f} s (goal: 5 s)")
     avg = next((r for r in rows if "averaged_steps" in r), None)
     if avg:
-        out.append(f"average of {len(avg['averaged_steps'])} big checkpoints: peak RSS "
-                   f"{avg['rss_per_checkpoint']:.2f} x one checkpoint (goal: 2)")
+        out.append(
+            f"average of {len(avg['averaged_steps'])} big checkpoints: peak RSS "
+            f"{avg['rss_per_checkpoint']:.2f} x one checkpoint (goal: 2)"
+        )
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--pairs", type=int, default=sum(wmt_mirror.REAL_PAIRS.values()))
     p.add_argument("--test-segments", type=int, default=3003, help="newstest2014 size")
     p.add_argument("--steps", type=int, default=12, help="train.max_steps of the base run")
     p.add_argument("--save-every", type=int, default=2, help="train.save_every_steps")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="more params overrides, for both runs (e.g. tokenizer.vocab_size=8000)")
-    p.add_argument("--big-set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="overrides for the big run only (e.g. a smaller model.d_model)")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more params overrides, for both runs (e.g. tokenizer.vocab_size=8000)",
+    )
+    p.add_argument(
+        "--big-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for the big run only (e.g. a smaller model.d_model)",
+    )
     p.add_argument("--big-checkpoints", type=int, default=21)
-    p.add_argument("--until", choices=STAGES, default=STAGES[-1],
-                   help="the base run's last stage (e.g. shard: the data stages alone)")
+    p.add_argument(
+        "--until",
+        choices=STAGES,
+        default=STAGES[-1],
+        help="the base run's last stage (e.g. shard: the data stages alone)",
+    )
     p.add_argument("--no-base", action="store_true", help="reuse WORKDIR/project as it is")
     p.add_argument("--no-big", action="store_true")
     p.add_argument("--no-jemalloc", action="store_true", help="glibc's malloc for the stages")
-    p.add_argument("--dvc-defaults", action="store_true",
-                   help="DVC's default cache settings instead of the project's (comparison)")
+    p.add_argument(
+        "--dvc-defaults",
+        action="store_true",
+        help="DVC's default cache settings instead of the project's (comparison)",
+    )
     args = p.parse_args()
     malloc = "glibc" if args.no_jemalloc or JEMALLOC is None else str(JEMALLOC)
     if malloc != "glibc":
@@ -370,10 +509,16 @@ def main() -> None:
     rows = []
     if not args.no_base:
         t0 = time.monotonic()
-        wmt_mirror.build(work / "mirror", args.pairs,
-                         eval_segments={"valid": 3000, "test": args.test_segments})
-        rows.append({"what": f"build the mirror ({args.pairs} pairs; not a stage)",
-                     "wall_s": time.monotonic() - t0, "load": os.getloadavg()[0]})
+        wmt_mirror.build(
+            work / "mirror", args.pairs, eval_segments={"valid": 3000, "test": args.test_segments}
+        )
+        rows.append(
+            {
+                "what": f"build the mirror ({args.pairs} pairs; not a stage)",
+                "wall_s": time.monotonic() - t0,
+                "load": os.getloadavg()[0],
+            }
+        )
         httpd, url = wmt_mirror.serve(work / "mirror")
         try:
             make_project(project, args.dvc_defaults)
@@ -382,11 +527,17 @@ def main() -> None:
             httpd.shutdown()
     if not args.no_big:
         rows += big(args, project, log)
-    md = "\n\n".join([table(rows), *goals(rows),
-                       f"{os.cpu_count()} CPUs; malloc {malloc}; `{' '.join(sys.argv)}`"])
+    md = "\n\n".join(
+        [
+            table(rows),
+            *goals(rows),
+            f"{os.cpu_count()} CPUs; malloc {malloc}; `{' '.join(sys.argv)}`",
+        ]
+    )
     (work / "rehearsal.md").write_text(md + "\n")
-    (work / "rehearsal.json").write_text(json.dumps({"argv": sys.argv, "malloc": malloc,
-                                                     "rows": rows}, indent=1))
+    (work / "rehearsal.json").write_text(
+        json.dumps({"argv": sys.argv, "malloc": malloc, "rows": rows}, indent=1)
+    )
     print(md)
 
 

@@ -59,8 +59,15 @@ def layout(preset: Path = PRESET) -> list[dict]:
         for spec in specs:
             src = spec["src"]
             members = [src.format(lang=langs[0]), (spec.get("tgt") or src).format(lang=langs[1])]
-            parts.append({"split": split, "name": spec["name"], "format": spec.get("format", "text"),
-                          "url_path": urlparse(spec["path"]).path, "members": members})
+            parts.append(
+                {
+                    "split": split,
+                    "name": spec["name"],
+                    "format": spec.get("format", "text"),
+                    "url_path": urlparse(spec["path"]).path,
+                    "members": members,
+                }
+            )
     return parts
 
 
@@ -96,8 +103,9 @@ def _sgm(segs: list[str], setid: str, lang: str, side: str) -> str:
     out = [head + ">"]
     for d in range(0, len(segs), DOC_SEGMENTS):
         sysid = "ref" if side == "ref" else side
-        out.append(f'<doc sysid="{sysid}" docid="gen-{d // DOC_SEGMENTS}" genre="news" '
-                   'origlang="en">')
+        out.append(
+            f'<doc sysid="{sysid}" docid="gen-{d // DOC_SEGMENTS}" genre="news" origlang="en">'
+        )
         out.append("<p>")
         for i, s in enumerate(segs[d : d + DOC_SEGMENTS], d + 1):
             text = s.replace("<", "&lt;").replace(">", "&gt;")
@@ -125,18 +133,23 @@ def _write_part(part: dict, n: int, corpus: Corpus, rng, staging: Path) -> None:
             fd.write("".join(s + "\n" for s in lines["de"]))
 
 
-def build(root: Path, pairs: int = sum(REAL_PAIRS.values()), seed: int = 0,
-          eval_segments: dict[str, int] | None = None, preset: Path = PRESET) -> dict:
+def build(
+    root: Path,
+    pairs: int = sum(REAL_PAIRS.values()),
+    seed: int = 0,
+    eval_segments: dict[str, int] | None = None,
+    preset: Path = PRESET,
+) -> dict:
     """Write the preset's archives under root/<url path>, with root/manifest.json; reused when
     the manifest says they were built with the same settings."""
     eval_segments = eval_segments or EVAL_SEGMENTS
-    want = {"pairs": pairs, "seed": seed, "eval_segments": eval_segments,
-            "preset": preset.name}
+    want = {"pairs": pairs, "seed": seed, "eval_segments": eval_segments, "preset": preset.name}
     manifest_path = root / "manifest.json"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
         if manifest["settings"] == want and all(
-                (root / a.lstrip("/")).exists() for a in manifest["archives"]):
+            (root / a.lstrip("/")).exists() for a in manifest["archives"]
+        ):
             return manifest
     parts = layout(preset)
     sizes = part_sizes(parts, pairs, eval_segments)
@@ -161,13 +174,22 @@ def build(root: Path, pairs: int = sum(REAL_PAIRS.values()), seed: int = 0,
             for m in members:
                 tar.add(staging / m, arcname=m)
         os.replace(tmp, target)
-        out[url_path] = {"members": members, "bytes": target.stat().st_size,
-                         "sha256": _sha256(target)}
-        print(f"{url_path}: {target.stat().st_size / 2**20:.0f} MiB "
-              f"({time.perf_counter() - t0:.0f} s)")
+        out[url_path] = {
+            "members": members,
+            "bytes": target.stat().st_size,
+            "sha256": _sha256(target),
+        }
+        print(
+            f"{url_path}: {target.stat().st_size / 2**20:.0f} MiB "
+            f"({time.perf_counter() - t0:.0f} s)"
+        )
     shutil.rmtree(staging)
-    manifest = {"settings": want, "pairs": sizes, "archives": out,
-                "seconds": round(time.perf_counter() - t0, 1)}
+    manifest = {
+        "settings": want,
+        "pairs": sizes,
+        "archives": out,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     manifest_path.write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -234,8 +256,9 @@ def serve(root: Path, port: int = 0, host: str = "127.0.0.1") -> tuple[Threading
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write the archives (reused when already built alike)")
     b.add_argument("root", type=Path)

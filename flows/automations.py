@@ -43,11 +43,13 @@ def zombies(heartbeat_s: int = HEARTBEAT_S) -> Automation:
             threshold=1,
             within=timedelta(seconds=window),
         ),
-        actions=[ChangeFlowRunState(
-            state=StateType.CRASHED,
-            message=f"no heartbeat for {window} s: the process running this flow run (a "
-                    "`flows.serve` process or a worker's), or its machine, died",
-        )],
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"no heartbeat for {window} s: the process running this flow run (a "
+                "`flows.serve` process or a worker's), or its machine, died",
+            )
+        ],
     )
 
 
@@ -59,16 +61,19 @@ def retries() -> Automation:
             expect={"prefect.flow-run.Crashed"},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
             match_related=ResourceSpecification(
-                {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)}),
+                {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)}
+            ),
             posture=Posture.Reactive,
             threshold=1,
             within=timedelta(0),
         ),
-        actions=[ChangeFlowRunState(
-            state=StateType.SCHEDULED,
-            name="AwaitingRetry",
-            message="rescheduled after a crash: it resumes in its run workspace",
-        )],
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.SCHEDULED,
+                name="AwaitingRetry",
+                message="rescheduled after a crash: it resumes in its run workspace",
+            )
+        ],
     )
 
 

@@ -21,8 +21,13 @@ from flows.serve import RETRAIN_CRON, specs
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def deploy(pool: str, project: Path = ROOT, cron: str = RETRAIN_CRON, preset: str = "demo",
-           overrides: list[str] | None = None) -> list[str]:
+def deploy(
+    pool: str,
+    project: Path = ROOT,
+    cron: str = RETRAIN_CRON,
+    preset: str = "demo",
+    overrides: list[str] | None = None,
+) -> list[str]:
     """Create or update every deployment on work pool `pool`; their names."""
     from prefect import Flow
 
@@ -31,21 +36,35 @@ def deploy(pool: str, project: Path = ROOT, cron: str = RETRAIN_CRON, preset: st
     for f, name, options in specs(cron, preset, overrides):
         entry = f"{f.fn.__module__.replace('.', '/')}.py:{f.fn.__name__}"
         Flow.from_source(source=str(project), entrypoint=entry).deploy(
-            name, work_pool_name=pool, build=False, push=False, print_next_steps=False,
-            job_variables={"working_dir": str(project), "env": env}, **options)
+            name,
+            work_pool_name=pool,
+            build=False,
+            push=False,
+            print_next_steps=False,
+            job_variables={"working_dir": str(project), "env": env},
+            **options,
+        )
         names.append(f"{f.name}/{name}")
     automations.install()
     return names
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.deploy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--pool", required=True, help="a work pool of type process")
     parser.add_argument("--cron", default=RETRAIN_CRON, help="the retrain schedule")
     parser.add_argument("--retrain-preset", default="demo", help="the retrain recipe's preset")
-    parser.add_argument("--retrain-override", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override of the retrain recipe (repeatable)")
+    parser.add_argument(
+        "--retrain-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the retrain recipe (repeatable)",
+    )
     args = parser.parse_args(argv)
     for name in deploy(args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override):
         print(f"deployment {name} on work pool {args.pool}")

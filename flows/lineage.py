@@ -54,8 +54,13 @@ class Snapshot:
         if self.rev is None:
             p = self.project / path
             return p.read_text() if p.is_file() else None
-        r = subprocess.run(["git", "show", f"{self.rev}:{path}"], cwd=self.project,
-                           capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            ["git", "show", f"{self.rev}:{path}"],
+            cwd=self.project,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if r.returncode == 0:
             return r.stdout
         import dvc.api
@@ -67,8 +72,9 @@ class Snapshot:
             return None
 
     def git(self, *args: str) -> str:
-        r = subprocess.run(["git", *args], cwd=self.project, capture_output=True, text=True,
-                           check=False)
+        r = subprocess.run(
+            ["git", *args], cwd=self.project, capture_output=True, text=True, check=False
+        )
         return r.stdout.strip()  # outside a git repo: ""
 
 
@@ -123,8 +129,9 @@ def outs_hash(lock: dict[str, dict[str, str]], dag: dict[str, Stage], name: str)
     return ",".join(f"{p}={h}" for p, h in sorted(data.items()))
 
 
-def test_set_hash(eval_flat: dict[str, Any], manifest: dict[str, Any], split: str = "test"
-                  ) -> str | None:
+def test_set_hash(
+    eval_flat: dict[str, Any], manifest: dict[str, Any], split: str = "test"
+) -> str | None:
     """The scored set's identity: evaluate's own hash, else the manifest's sha256s of the files
     of `split` (the split evaluate scored: a valid score is never compared with a test one)."""
     if found := pick(eval_flat, FIELDS["test_sha256"][1]):

@@ -44,12 +44,19 @@ def _retriable(task, task_run, state) -> bool:
     return isinstance(exc, CommandError) and (exc.lock_busy or exc.transient)
 
 
-@task(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30],
-      retry_condition_fn=_retriable)
+@task(
+    cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_retriable
+)
 def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
-    out = dvc("repro", "--single-item", *(["--force"] if force else []), stage, cwd=ws,
-              what=f"stage {stage}")
+    out = dvc(
+        "repro",
+        "--single-item",
+        *(["--force"] if force else []),
+        stage,
+        cwd=ws,
+        what=f"stage {stage}",
+    )
     text = "\n".join(out)
     return "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
 
@@ -99,10 +106,13 @@ def start_attempt() -> None:
             crashed = [s for s in client.read_flow_run_states(run_id) if s.is_crashed()]
         why = crashed[-1].message if crashed else "unknown"
         if n > MAX_ATTEMPTS:
-            raise RuntimeError(f"giving up after {MAX_ATTEMPTS} attempts; the last crashed: "
-                               f"{why}")
-        logger().warning("attempt %d of %d; the last one crashed: %s. Resuming in the run "
-                         "workspace", n, MAX_ATTEMPTS, why)
+            raise RuntimeError(f"giving up after {MAX_ATTEMPTS} attempts; the last crashed: {why}")
+        logger().warning(
+            "attempt %d of %d; the last one crashed: %s. Resuming in the run workspace",
+            n,
+            MAX_ATTEMPTS,
+            why,
+        )
     if deployment.get_id():  # started by a serve process or a worker, not called in-process
         watch_parent(lambda parent: _orphaned(run_id, parent))
 
@@ -113,8 +123,10 @@ def _orphaned(run_id: str, parent: int) -> None:
     from prefect.states import Crashed
 
     stop_all()
-    message = (f"the process serving this flow run (pid {parent}: `python -m flows.serve` or a "
-               "worker) died; its stages were stopped, and a retry resumes them")
+    message = (
+        f"the process serving this flow run (pid {parent}: `python -m flows.serve` or a "
+        "worker) died; its stages were stopped, and a retry resumes them"
+    )
     # the server may be unreachable too: then the missing heartbeats tell
     with contextlib.suppress(Exception), get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Crashed(message=message), force=True)
@@ -125,8 +137,9 @@ def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> t
     """The run workspace at `rev` with the recipe applied; (its path, the commit)."""
     ws, commit = workspace.prepare(root, rev)
     apply_params(ws, preset, overrides)
-    logger().info("run workspace %s at %s; preset %s, overrides %s", ws, commit[:9], preset,
-                  overrides)
+    logger().info(
+        "run workspace %s at %s; preset %s, overrides %s", ws, commit[:9], preset, overrides
+    )
     return ws, commit
 
 
@@ -136,11 +149,17 @@ def save_experiment(ws: Path, dag: dict[str, Stage], name: str, recipe: dict[str
     commit. The recipe goes into the commit message, where registry.record_at reads it back."""
     import json
 
-    uncached = [p for s in dag.values() for p in s.uncached
-                if p in s.metrics + s.plots and (ws / p).exists()]
+    uncached = [
+        p
+        for s in dag.values()
+        for p in s.uncached
+        if p in s.metrics + s.plots and (ws / p).exists()
+    ]
     include = [a for p in uncached for a in ("--include-untracked", p)]
-    msg = (f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})\n\n"
-           f"recipe: {json.dumps(recipe)}")
+    msg = (
+        f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})\n\n"
+        f"recipe: {json.dumps(recipe)}"
+    )
     dvc("exp", "save", "--force", "-n", name, "-m", msg, *include, cwd=ws)
     return workspace.git("rev-parse", f"refs/exps/{experiment_ref(ws, name)}", cwd=ws)
 
@@ -200,7 +219,13 @@ def pipeline(
         name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
         recipe = {"preset": preset, "overrides": overrides}
         exp_commit = save_experiment(ws, dag, name, recipe)
-        record = lineage.lineage(lineage.Snapshot(ws), dag, commit, experiment=name,
-                                 experiment_commit=exp_commit, **recipe)
+        record = lineage.lineage(
+            lineage.Snapshot(ws),
+            dag,
+            commit,
+            experiment=name,
+            experiment_commit=exp_commit,
+            **recipe,
+        )
         publish(ws, dag, record)
     return {"stages": stages, **record}

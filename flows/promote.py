@@ -56,18 +56,24 @@ def gate(
 def resolve_experiment(project: Path, experiment: str) -> str:
     """The commit of `experiment`: an experiment's name (refs/exps), or any git revision."""
     refs = git("for-each-ref", "refs/exps", "--format=%(objectname) %(refname)", cwd=project)
-    found = [sha for sha, ref in (line.split() for line in refs.splitlines())
-             if ref.rsplit("/", 1)[1] == experiment]
+    found = [
+        sha
+        for sha, ref in (line.split() for line in refs.splitlines())
+        if ref.rsplit("/", 1)[1] == experiment
+    ]
     if len(found) == 1:
         return found[0]
     if len(found) > 1:
         raise WorkspaceError(f"{len(found)} experiments are named {experiment!r}: give its commit")
     try:
-        return git("rev-parse", "--verify", "--end-of-options", f"{experiment}^{{commit}}",
-                   cwd=project)
+        return git(
+            "rev-parse", "--verify", "--end-of-options", f"{experiment}^{{commit}}", cwd=project
+        )
     except WorkspaceError:
-        raise WorkspaceError(f"{project}: no experiment or revision {experiment!r} "
-                             "(`dvc exp show` lists the experiments)") from None
+        raise WorkspaceError(
+            f"{project}: no experiment or revision {experiment!r} "
+            "(`dvc exp show` lists the experiments)"
+        ) from None
 
 
 def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]:
@@ -78,11 +84,26 @@ def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]
         promote, reason = False, "the candidate is the champion already"
     else:
         promote, reason = gate(candidate, before, margin)
-    out: dict[str, Any] = {"promoted": promote, "reason": reason, "candidate": candidate,
-                           "champion_before": before, "version": None}
+    out: dict[str, Any] = {
+        "promoted": promote,
+        "reason": reason,
+        "candidate": candidate,
+        "champion_before": before,
+        "version": None,
+    }
     if promote:
-        summary = {k: candidate.get(k) for k in ("bleu", "chrf", "bleu_signature", "split",
-                                                 "test_sha256", "preset", "overrides")}
+        summary = {
+            k: candidate.get(k)
+            for k in (
+                "bleu",
+                "chrf",
+                "bleu_signature",
+                "split",
+                "test_sha256",
+                "preset",
+                "overrides",
+            )
+        }
         summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by)
         out["version"] = registry.promote(project, commit, summary, reason)
     logger().info("%s: %s", commit[:9], reason)
@@ -91,16 +112,27 @@ def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]
 
 def report(out: dict[str, Any], title: str) -> str:
     """The decision as markdown: the champion before, the candidate, why."""
-    rows = [("champion before", out.get("champion_before") or {}),
-            ("candidate", out.get("candidate") or {})]
+    rows = [
+        ("champion before", out.get("champion_before") or {}),
+        ("candidate", out.get("candidate") or {}),
+    ]
     verdict = f"promoted as {out['version']}" if out["promoted"] else "champion kept"
-    return "\n".join([
-        f"# {title}: {verdict}", "", out["reason"], "",
-        "| | experiment | commit | BLEU | data | code | params |", "|---|---|---|---|---|---|---|",
-        *(f"| {label} | {r.get('experiment')} | {str(r.get('experiment_commit'))[:9]} | "
-          f"{r.get('bleu')} | {r.get('data_hash')} | {r.get('code_hash')} | "
-          f"{str(r.get('params_sha256'))[:12]} |" for label, r in rows),
-    ])
+    return "\n".join(
+        [
+            f"# {title}: {verdict}",
+            "",
+            out["reason"],
+            "",
+            "| | experiment | commit | BLEU | data | code | params |",
+            "|---|---|---|---|---|---|---|",
+            *(
+                f"| {label} | {r.get('experiment')} | {str(r.get('experiment_commit'))[:9]} | "
+                f"{r.get('bleu')} | {r.get('data_hash')} | {r.get('code_hash')} | "
+                f"{str(r.get('params_sha256'))[:12]} |"
+                for label, r in rows
+            ),
+        ]
+    )
 
 
 @flow(name="promote", log_prints=True)
@@ -119,19 +151,26 @@ def promote(experiment: str, project: str = ".", margin: float | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flows.promote", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.promote",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("experiment", help="experiment name (dvc exp show), commit or tag")
     parser.add_argument("--project", default=".", help="the project's checkout (default: .)")
-    parser.add_argument("--margin", type=float,
-                        help="BLEU the champion must be beaten by (default: retrain.margin)")
+    parser.add_argument(
+        "--margin", type=float, help="BLEU the champion must be beaten by (default: retrain.margin)"
+    )
     args = parser.parse_args(argv)
     try:
         out = promote(args.experiment, args.project, args.margin)
     except (WorkspaceError, registry.RegistryError) as e:
         sys.exit(f"error: {e}")
-    print(("promoted as " + out["version"] if out["promoted"] else "not promoted") + ": "
-          + out["reason"])
+    print(
+        ("promoted as " + out["version"] if out["promoted"] else "not promoted")
+        + ": "
+        + out["reason"]
+    )
 
 
 if __name__ == "__main__":

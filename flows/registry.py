@@ -34,8 +34,10 @@ def artifact(project: Path) -> tuple[str, str]:
     """(name, path) of the one artifact dvc.yaml declares."""
     arts = (yaml.safe_load((Path(project) / "dvc.yaml").read_text()) or {}).get("artifacts") or {}
     if len(arts) != 1:
-        raise RegistryError(f"{project}/dvc.yaml: expected one entry under artifacts:, "
-                            f"found {len(arts)} ({', '.join(arts) or 'none'})")
+        raise RegistryError(
+            f"{project}/dvc.yaml: expected one entry under artifacts:, "
+            f"found {len(arts)} ({', '.join(arts) or 'none'})"
+        )
     ((name, spec),) = arts.items()
     return name, spec["path"]
 
@@ -64,8 +66,9 @@ def record_at(project: Path, commit: str) -> dict[str, Any]:
         if line.startswith("recipe: "):
             recipe = json.loads(line.removeprefix("recipe: "))
     baseline = snap.git("rev-parse", f"{commit}^") or commit
-    return lineage(snap, read_dag(project, rev=commit), baseline, experiment_commit=commit,
-                   **recipe)
+    return lineage(
+        snap, read_dag(project, rev=commit), baseline, experiment_commit=commit, **recipe
+    )
 
 
 def champion(project: Path) -> dict[str, Any] | None:
@@ -101,9 +104,16 @@ def promote(project: Path, commit: str, summary: dict[str, Any], reason: str) ->
     message = json.dumps({"reason": reason, **summary}, default=str, sort_keys=True)
     known = versions(project)
     major = max((int(v.lstrip("v").split(".")[0]) for v in known.values()), default=0)
-    version = known.get(commit) or register(
-        str(project), name, commit, version=f"v{major + 1}.0.0",
-        message=f"Registering {name}: {message}").version
+    version = (
+        known.get(commit)
+        or register(
+            str(project),
+            name,
+            commit,
+            version=f"v{major + 1}.0.0",
+            message=f"Registering {name}: {message}",
+        ).version
+    )
     assign(str(project), name, STAGE, version=version, message=f"Promoting {name}: {message}")
     push(project, path, commit)
     return version
@@ -118,11 +128,12 @@ def push(project: Path, path: str, commit: str) -> bool:
         name = repo.config["core"].get("remote")
         conf = dict(repo.config["remote"].get(name) or {}) if name else {}
     if not conf:
-        logger().warning("no default DVC remote: the champion is in this machine's DVC cache "
-                         "only (`dvc remote add -d NAME URL`, committed, shares it)")
+        logger().warning(
+            "no default DVC remote: the champion is in this machine's DVC cache "
+            "only (`dvc remote add -d NAME URL`, committed, shares it)"
+        )
         return False
     with Repo(str(project), remote=name, remote_config=conf) as repo:
         n = repo.push(targets=[path], revs=[commit], workspace=False, remote=name)
-    logger().info("pushed %s of %s to the DVC remote %r (%d new files)", path, commit[:9], name,
-                  n)
+    logger().info("pushed %s of %s to the DVC remote %r (%d new files)", path, commit[:9], name, n)
     return True

@@ -30,8 +30,13 @@ COLUMNS = ("experiment", "preset", "BLEU", "chrF", "steps", "time")
 def exp_show(project: Path, all_commits: bool = False) -> list[dict[str, Any]]:
     """`dvc exp show --json`: the workspace and commits, each with its experiments."""
     cmd = [sys.executable, "-m", "dvc", "exp", "show", "--json"]
-    r = subprocess.run(cmd + (["--all-commits"] if all_commits else []), cwd=project,
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        cmd + (["--all-commits"] if all_commits else []),
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if r.returncode:
         raise SystemExit(f"error: `dvc exp show` in {project} failed:\n{r.stderr.strip()}")
     return json.loads(r.stdout or "[]")
@@ -43,8 +48,13 @@ def preset(project: Path, rev: str) -> str | None:
         path = project / "params.yaml"
         text = path.read_text() if path.exists() else ""
     else:
-        text = subprocess.run(["git", "show", f"{rev}:params.yaml"], cwd=project,
-                              capture_output=True, text=True, check=False).stdout
+        text = subprocess.run(
+            ["git", "show", f"{rev}:params.yaml"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
     found = PRESET.match(text)
     return found.group(1) if found else None
 
@@ -71,9 +81,14 @@ def number(x: Any) -> str | None:
 
 def row(project: Path, dag: dict[str, Stage], entry: dict[str, Any], name: str) -> list[str]:
     scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
-    cells = [name, preset(project, entry["rev"]), number(pick(scores, FIELDS["bleu"][1])),
-             number(pick(scores, FIELDS["chrf"][1])), pick(trained, ("step",)),
-             duration(pick(trained, ("train/seconds",)))]
+    cells = [
+        name,
+        preset(project, entry["rev"]),
+        number(pick(scores, FIELDS["bleu"][1])),
+        number(pick(scores, FIELDS["chrf"][1])),
+        pick(trained, ("step",)),
+        duration(pick(trained, ("train/seconds",))),
+    ]
     return ["-" if c is None else str(c) for c in cells]
 
 
@@ -96,17 +111,27 @@ def table(rows: list[list[str]]) -> str:
     lines = [list(COLUMNS), *rows]
     width = [max(len(r[i]) for r in lines) for i in range(len(COLUMNS))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width)))
-        .rstrip() for r in lines)
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))
+        ).rstrip()
+        for r in lines
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flows.results", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("project", nargs="?", type=Path, default=Path("."),
-                        help="the DVC project (default: here)")
-    parser.add_argument("--all-commits", action="store_true",
-                        help="the experiments of every commit, not only HEAD's")
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.results",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "project", nargs="?", type=Path, default=Path("."), help="the DVC project (default: here)"
+    )
+    parser.add_argument(
+        "--all-commits",
+        action="store_true",
+        help="the experiments of every commit, not only HEAD's",
+    )
     args = parser.parse_args(argv)
     print(table(rows(args.project, exp_show(args.project, args.all_commits))))
 

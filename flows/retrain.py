@@ -28,8 +28,9 @@ def identity(ws: Path, commit: str) -> dict[str, Any]:
     """The IDENTITY values of the workspace as it is now (data refreshed, recipe applied)."""
     snap, dag = lineage.Snapshot(ws), read_dag(ws)
     return {
-        "data_hash": lineage.outs_hash(lineage.locked_outs(snap.text("dvc.lock")), dag,
-                                       lineage.DOWNLOAD),
+        "data_hash": lineage.outs_hash(
+            lineage.locked_outs(snap.text("dvc.lock")), dag, lineage.DOWNLOAD
+        ),
         "code_hash": lineage.code_hash(snap, commit),
         "params_sha256": lineage.params_hash(snap.text("params.yaml")),
     }
@@ -56,22 +57,37 @@ def retrain(
         ws, commit = prepare(root, rev, preset, overrides)
         dag = read_dag(ws)
         force = (lineage.DOWNLOAD,) if refresh_data else ()  # fetch the source again
-        run_stages(ws, {lineage.DOWNLOAD: dag[lineage.DOWNLOAD]}, download_retries,
-                   retry_delay_s, force)
+        run_stages(
+            ws, {lineage.DOWNLOAD: dag[lineage.DOWNLOAD]}, download_retries, retry_delay_s, force
+        )
         now, champion = identity(ws, commit), registry.champion(root)
         changed = [k for k in IDENTITY if not champion or champion.get(k) != now[k]]
-        out: dict[str, Any] = {"retrained": bool(changed), "promoted": False,
-                               "champion_before": champion, "candidate": None, "version": None}
+        out: dict[str, Any] = {
+            "retrained": bool(changed),
+            "promoted": False,
+            "champion_before": champion,
+            "candidate": None,
+            "version": None,
+        }
         if not changed:
-            out["reason"] = (f"data, code and recipe unchanged since the champion "
-                             f"({champion.get('version')}); nothing retrained")
+            out["reason"] = (
+                f"data, code and recipe unchanged since the champion "
+                f"({champion.get('version')}); nothing retrained"
+            )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
-            candidate = pipeline(preset, overrides, commit, str(root), download_retries,
-                                 retry_delay_s)
+            candidate = pipeline(
+                preset, overrides, commit, str(root), download_retries, retry_delay_s
+            )
             margin = load(RetrainConfig, "retrain", ws / "params.yaml").margin
-            out.update(decide(root, candidate["experiment_commit"], margin,
-                              f"retrain flow run {flow_run.get_id()}"))
+            out.update(
+                decide(
+                    root,
+                    candidate["experiment_commit"],
+                    margin,
+                    f"retrain flow run {flow_run.get_id()}",
+                )
+            )
             out["stages"] = candidate["stages"]
             out["reason"] = f"{', '.join(changed)} changed; {out['reason']}"
     logger().info("retrain: %s", out["reason"])

@@ -33,26 +33,37 @@ from flows.retrain import retrain
 RETRAIN_CRON = "0 3 * * 1"  # Mondays 03:00
 
 
-def specs(cron: str = RETRAIN_CRON, preset: str = "demo",
-          overrides: list[str] | None = None) -> list[tuple[Any, str, dict[str, Any]]]:
+def specs(
+    cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
+) -> list[tuple[Any, str, dict[str, Any]]]:
     """(flow, deployment name, deployment options) of each deployment; deploy.py's too."""
-    one_at_a_time = ConcurrencyLimitConfig(limit=1,
-                                           collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
+    one_at_a_time = ConcurrencyLimitConfig(
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
+    )
     return [
         (pipeline, "demo", {"parameters": {"preset": "demo"}}),
         (pipeline, "wmt14-en-de-base", {"parameters": {"preset": "wmt14-en-de-base"}}),
-        (retrain, "retrain", {"cron": cron, "concurrency_limit": one_at_a_time,
-                              "parameters": {"preset": preset,
-                                             "overrides": list(overrides or [])}}),
+        (
+            retrain,
+            "retrain",
+            {
+                "cron": cron,
+                "concurrency_limit": one_at_a_time,
+                "parameters": {"preset": preset, "overrides": list(overrides or [])},
+            },
+        ),
         (promote, "promote", {}),
     ]
 
 
-def deployments(cron: str = RETRAIN_CRON, preset: str = "demo",
-                overrides: list[str] | None = None) -> list:
+def deployments(
+    cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
+) -> list:
     """The deployments this process serves, its flows imported by module path."""
-    return [f.to_deployment(name, entrypoint_type=EntrypointType.MODULE_PATH, **options)
-            for f, name, options in specs(cron, preset, overrides)]
+    return [
+        f.to_deployment(name, entrypoint_type=EntrypointType.MODULE_PATH, **options)
+        for f, name, options in specs(cron, preset, overrides)
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,21 +77,32 @@ def main(argv: list[str] | None = None) -> None:
         default=os.environ.get("RETRAIN_CRON", RETRAIN_CRON),
         help=f"the retrain schedule (default {RETRAIN_CRON!r})",
     )
-    parser.add_argument("--retrain-preset", default="demo",
-                        help="the preset the scheduled retrain trains (default: demo)")
-    parser.add_argument("--retrain-override", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override of the retrain recipe (repeatable), e.g. "
-                             "train.max_steps=2000")
+    parser.add_argument(
+        "--retrain-preset",
+        default="demo",
+        help="the preset the scheduled retrain trains (default: demo)",
+    )
+    parser.add_argument(
+        "--retrain-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the retrain recipe (repeatable), e.g. train.max_steps=2000",
+    )
     args = parser.parse_args(argv)
     for override in args.retrain_override:  # a typo fails here, not at 03:00 on Monday
         from flows.shell import check_override
 
         check_override(override)
     automations.install(automations.HEARTBEAT_S)
-    print("retrain recipe: " + json.dumps({"preset": args.retrain_preset,
-                                           "overrides": args.retrain_override}))
-    serve(*deployments(args.cron, args.retrain_preset, args.retrain_override),
-          heartbeat_seconds=automations.HEARTBEAT_S)
+    print(
+        "retrain recipe: "
+        + json.dumps({"preset": args.retrain_preset, "overrides": args.retrain_override})
+    )
+    serve(
+        *deployments(args.cron, args.retrain_preset, args.retrain_override),
+        heartbeat_seconds=automations.HEARTBEAT_S,
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ from pathlib import Path
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 # causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
-TRANSIENT = re.compile(r"No space left on device|Errno 28|Connection (reset|refused|aborted)|"
-                       r"timed out|Temporary failure")
+TRANSIENT = re.compile(
+    r"No space left on device|Errno 28|Connection (reset|refused|aborted)|"
+    r"timed out|Temporary failure"
+)
 CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^\w*(Error|Exception): ")
 WRAPPER = re.compile(r"^ERROR: failed to reproduce ")  # DVC's summary of the stage's own error
 ADVICE = re.compile(
@@ -42,11 +44,14 @@ class CommandError(RuntimeError):
 
     def __init__(self, what: str, cmd: list[str], code: int, tail: list[str]):
         self.lock_busy = any(m in line for line in tail for m in LOCK_BUSY)
-        self.transient = code < 0 or code in (128 + 9, 128 + 15) or any(
-            TRANSIENT.search(line) for line in tail)
+        self.transient = (
+            code < 0 or code in (128 + 9, 128 + 15) or any(TRANSIENT.search(line) for line in tail)
+        )
         self.cause = cause(tail) or f"exit status {code}"
-        super().__init__(f"{what} failed: {self.cause}\n`{' '.join(cmd)}` exited with {code}:\n"
-                         + "\n".join(tail[-20:]))
+        super().__init__(
+            f"{what} failed: {self.cause}\n`{' '.join(cmd)}` exited with {code}:\n"
+            + "\n".join(tail[-20:])
+        )
 
 
 def cause(lines: list[str]) -> str:
@@ -76,22 +81,29 @@ def segments(stream) -> Iterator[tuple[str, bool]]:
         buf += chunk
         while m := re.search(rb"\r\n|\n|\r(?!$)", buf):
             text, end = buf[: m.start()], m.group()
-            buf = buf[m.end():]
+            buf = buf[m.end() :]
             yield text.decode(errors="replace"), end == b"\r"
     if buf:
         yield buf.rstrip(b"\r").decode(errors="replace"), False
 
 
-def run(cmd: list[str], cwd: Path, what: str = "",
-        progress_every_s: float = PROGRESS_EVERY_S) -> list[str]:
+def run(
+    cmd: list[str], cwd: Path, what: str = "", progress_every_s: float = PROGRESS_EVERY_S
+) -> list[str]:
     """Run `cmd` in `cwd`, logging its output as it comes; its lines, or CommandError."""
     log = logger()
     log.info("$ %s", " ".join(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
     lines: list[str] = []
     shown = -float("inf")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     _running.add(proc)
     try:
         for text, progress in segments(proc.stdout):
@@ -156,8 +168,11 @@ def apply_params(project: Path, preset: str | None, overrides: list[str]) -> Non
     for override in overrides:
         check_override(override)
     if preset:
-        run([sys.executable, "-m", "transformer.config", "preset", preset], project,
-            f"preset {preset}")
+        run(
+            [sys.executable, "-m", "transformer.config", "preset", preset],
+            project,
+            f"preset {preset}",
+        )
     if overrides:
         from dvc.utils.hydra import apply_overrides  # the very code behind `dvc exp run -S`
 

@@ -135,16 +135,20 @@ def release_dead_locks(ws: Path) -> list[int]:
     dead = set()
     for mode in ("read", "write"):
         for held, infos in list((lock.get(mode) or {}).items()):
-            alive = [i for i in (infos if isinstance(infos, list) else [infos])
-                     if _running(i["pid"]) or dead.add(i["pid"])]
+            alive = [
+                i
+                for i in (infos if isinstance(infos, list) else [infos])
+                if _running(i["pid"]) or dead.add(i["pid"])
+            ]
             if alive:
                 lock[mode][held] = alive if isinstance(infos, list) else alive[0]
             else:
                 del lock[mode][held]
     if dead:
         path.write_text(json.dumps(lock))
-        logger().warning("released DVC's locks of %d process(es) a crashed run left: %s",
-                         len(dead), sorted(dead))
+        logger().warning(
+            "released DVC's locks of %d process(es) a crashed run left: %s", len(dead), sorted(dead)
+        )
     return sorted(dead)
 
 

@@ -33,11 +33,13 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def load_benchmark():
     """benchmarks/NAME.py as a module (benchmarks/ is scripts, not a package)."""
+
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
+
     return load
 
 

@@ -102,7 +102,9 @@ def test_a_checkpoint_with_nan_weights_is_named_not_averaged(tmp_path):
     ckpt = torch.load(b, weights_only=True)
     ckpt["model"]["decoder.0.ff.w1.weight"][0, 0] = float("inf")
     torch.save(ckpt, b)
-    with pytest.raises(AverageError, match=r"b\.pt: model\.decoder\.0\.ff\.w1\.weight holds NaN or inf"):
+    with pytest.raises(
+        AverageError, match=r"b\.pt: model\.decoder\.0\.ff\.w1\.weight holds NaN or inf"
+    ):
         average_checkpoints([a, b])
 
 

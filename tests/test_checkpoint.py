@@ -19,8 +19,14 @@ def make_ckpt(**cfg_kw) -> tuple[Transformer, dict]:
     torch.manual_seed(0)
     cfg = ModelConfig(**{"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, **cfg_kw})
     model = Transformer(cfg, 30)
-    ckpt = {"model": model.state_dict(), "model_config": dataclasses.asdict(cfg),
-            "vocab_size": 30, "tokenizer_sha256": "x", "step": 7, "train_seconds": 1.5}
+    ckpt = {
+        "model": model.state_dict(),
+        "model_config": dataclasses.asdict(cfg),
+        "vocab_size": 30,
+        "tokenizer_sha256": "x",
+        "step": 7,
+        "train_seconds": 1.5,
+    }
     return model, ckpt
 
 
@@ -53,7 +59,7 @@ def flip_weight_bytes(path, weights: torch.Tensor) -> None:
     """Overwrite the last 64 bytes of `weights`' data inside the saved file with 0xFF (a NaN)."""
     blob = path.read_bytes()
     at = blob.index(weights.flatten()[-16:].numpy().tobytes())  # torch stores tensors raw
-    path.write_bytes(blob[:at] + b"\xff" * 64 + blob[at + 64:])
+    path.write_bytes(blob[:at] + b"\xff" * 64 + blob[at + 64 :])
 
 
 def test_flipped_weight_bytes_are_refused_naming_the_tensor(tmp_path):
@@ -110,4 +116,7 @@ def test_bad_stored_config_and_listing(tmp_path):
         (tmp_path / f"step_{s:08d}.pt").touch()
     (tmp_path / "step_x.pt").touch()
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
-        "step_00000004.pt", "step_00000030.pt", "step_00000100.pt"]
+        "step_00000004.pt",
+        "step_00000030.pt",
+        "step_00000100.pt",
+    ]

@@ -55,20 +55,28 @@ def test_impossible_model_config(tmp_path):
         config.load_all(p)
 
 
-@pytest.mark.parametrize("section, key, value, message", [
-    ("average", "last_k", 0, r"average\.last_k must be >= 1, got 0"),
-    ("average", "by", "tim", r"average\.by must be one of steps, time, got 'tim'"),
-    ("decode", "beam_size", 0, r"decode\.beam_size must be >= 1"),
-    ("decode", "max_len_b", -100, r"decode\.max_len_b must be >= 0, got -100"),
-    ("decode", "precision", "fp16", r"decode\.precision must be one of fp32, bf16, int8"),
-    ("evaluate", "split", "tset", r"evaluate\.split must be one of train, valid, test"),
-    ("download", "source", "lcoal", r"download\.source must be one of synthetic, local"),
-    ("train", "keep_last", -3, r"train\.keep_last must be >= 0, got -3"),
-    ("download", "timeout", 0, r"download\.timeout must be > 0 seconds, got 0"),
-    ("decode", "length_penalty", float("inf"), r"decode\.length_penalty must be in \[0, 10\], got inf"),
-    ("retrain", "margin", -1.0, r"retrain\.margin must be a number >= 0, got -1\.0"),
-    ("retrain", "margin", float("nan"), r"retrain\.margin must be a number >= 0, got nan"),
-])
+@pytest.mark.parametrize(
+    "section, key, value, message",
+    [
+        ("average", "last_k", 0, r"average\.last_k must be >= 1, got 0"),
+        ("average", "by", "tim", r"average\.by must be one of steps, time, got 'tim'"),
+        ("decode", "beam_size", 0, r"decode\.beam_size must be >= 1"),
+        ("decode", "max_len_b", -100, r"decode\.max_len_b must be >= 0, got -100"),
+        ("decode", "precision", "fp16", r"decode\.precision must be one of fp32, bf16, int8"),
+        ("evaluate", "split", "tset", r"evaluate\.split must be one of train, valid, test"),
+        ("download", "source", "lcoal", r"download\.source must be one of synthetic, local"),
+        ("train", "keep_last", -3, r"train\.keep_last must be >= 0, got -3"),
+        ("download", "timeout", 0, r"download\.timeout must be > 0 seconds, got 0"),
+        (
+            "decode",
+            "length_penalty",
+            float("inf"),
+            r"decode\.length_penalty must be in \[0, 10\], got inf",
+        ),
+        ("retrain", "margin", -1.0, r"retrain\.margin must be a number >= 0, got -1\.0"),
+        ("retrain", "margin", float("nan"), r"retrain\.margin must be a number >= 0, got nan"),
+    ],
+)
 def test_out_of_range_values_name_the_file_and_key(tmp_path, section, key, value, message):
     p = write(tmp_path / "params.yaml", {section: {key: value}})
     with pytest.raises(ConfigError, match=rf"params\.yaml: {message}"):
@@ -148,11 +156,14 @@ def test_every_stage_depends_on_the_modules_it_runs():
             names = []  # imports inside functions count too: they run with the stage
             if isinstance(node, ast.ImportFrom) and node.module == "transformer":
                 names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer."):
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "transformer."
+            ):
                 names = [node.module.split(".")[1]]
             elif isinstance(node, ast.Import):
-                names = [a.name.split(".")[1] for a in node.names
-                         if a.name.startswith("transformer.")]
+                names = [
+                    a.name.split(".")[1] for a in node.names if a.name.startswith("transformer.")
+                ]
             for n in names:
                 if n not in seen and (root / "transformer" / f"{n}.py").exists():
                     imported(n, seen)
@@ -167,10 +178,13 @@ def test_every_stage_depends_on_the_modules_it_runs():
         assert not want - set(deps), f"dvc.yaml: stage {name} lacks deps {sorted(want - set(deps))}"
         assert not set(deps) - want, (
             f"dvc.yaml: stage {name} depends on modules it does not import: "
-            f"{sorted(set(deps) - want)}")
+            f"{sorted(set(deps) - want)}"
+        )
 
 
 def test_an_empty_section_in_a_preset_means_the_defaults():
     defaults = {"evaluate": {"split": "test", "tokenized_bleu": True}, "train": {"seed": 1}}
     assert config.merge(defaults, {"evaluate": None, "train": {"seed": 2}}) == {
-        "evaluate": {"split": "test", "tokenized_bleu": True}, "train": {"seed": 2}}
+        "evaluate": {"split": "test", "tokenized_bleu": True},
+        "train": {"seed": 2},
+    }

@@ -26,7 +26,30 @@ from transformer.incremental import Decoder
 from transformer.ops import _OutputCE, output_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-WORDS = ["cat", "dog", "bird", "sun", "tree", "house", "river", "green", "small", "old", "red", "blue", "runs", "sees", "eats", "likes", "the", "a", "and", "on", "in", "near"]
+WORDS = [
+    "cat",
+    "dog",
+    "bird",
+    "sun",
+    "tree",
+    "house",
+    "river",
+    "green",
+    "small",
+    "old",
+    "red",
+    "blue",
+    "runs",
+    "sees",
+    "eats",
+    "likes",
+    "the",
+    "a",
+    "and",
+    "on",
+    "in",
+    "near",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +102,25 @@ def test_translate_cli_on_the_gpu(model_files, tmp_path):  # noqa: F811
     src.write_text("the cat sat\n\nwe read a book\n")
     for device in ("cpu", "cuda"):
         outs.append(tmp_path / f"{device}.txt")
-        decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o",
-                     str(outs[-1]), "--beam-size", "2", "--no-progress", "--device", device,
-                     "--params", str(empty_params(tmp_path))])
+        decode.main(
+            [
+                "--model",
+                str(model),
+                "--tokenizer",
+                str(tok),
+                "-i",
+                str(src),
+                "-o",
+                str(outs[-1]),
+                "--beam-size",
+                "2",
+                "--no-progress",
+                "--device",
+                device,
+                "--params",
+                str(empty_params(tmp_path)),
+            ]
+        )
     assert outs[0].read_text() == outs[1].read_text()
 
 
@@ -96,18 +135,24 @@ def test_output_loss_on_the_gpu(fused, monkeypatch):
     ref = F.cross_entropy(h @ w.T, y, label_smoothing=0.1, reduction="sum")
     torch.testing.assert_close((loss, nll), (ref, F.cross_entropy(h @ w.T, y, reduction="sum")))
     grads = torch.autograd.grad(2.0 * loss, (h, w))
-    torch.testing.assert_close(grads, torch.autograd.grad(2.0 * ref, (h, w)), rtol=1e-4,
-                               atol=1e-5)
+    torch.testing.assert_close(grads, torch.autograd.grad(2.0 * ref, (h, w)), rtol=1e-4, atol=1e-5)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         low, _ = output_loss(h, w, y, 0.1, fused)
     torch.testing.assert_close(low, ref, rtol=2e-2, atol=0.0)
 
 
-@pytest.mark.parametrize("over", [
-    {},
-    {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "output_vocab": "target"},
-    {"precision": "fp16", "fused_adam": True, "clip_norm": 1.0},  # GradScaler syncs unless fused
-])
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},
+        {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "output_vocab": "target"},
+        {
+            "precision": "fp16",
+            "fused_adam": True,
+            "clip_norm": 1.0,
+        },  # GradScaler syncs unless fused
+    ],
+)
 def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
     """What the loop does between log, validation and checkpoint points (batches, the clock's
     collective, the rate, the update, the loss sums) makes no host<->device sync: the host
@@ -118,8 +163,14 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
     vocab = tokenizer.load_tokenizer(corpus / "tok").get_vocab_size()
     data, valid = load_split(corpus / "shards", "train"), load_split(corpus / "shards", "valid")
     torch.manual_seed(tcfg.seed)
-    learner = train.Learner(mcfg, tcfg, vocab, train.output_ids(mcfg, vocab, data, valid), device,
-                            precision.resolve_precision(tcfg.precision, device, "train.precision"))
+    learner = train.Learner(
+        mcfg,
+        tcfg,
+        vocab,
+        train.output_ids(mcfg, vocab, data, valid),
+        device,
+        precision.resolve_precision(tcfg.precision, device, "train.precision"),
+    )
     sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
     stream, clock = train.batch_stream(data, sampler), Clock(tcfg, 0, 0.0, finished=False)
     losses = train.LossSums(device, 0)

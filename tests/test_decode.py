@@ -153,9 +153,15 @@ def test_lengths_are_bounded_and_order_is_kept(copy_model, sources):
 NATIVE_BF16 = native_bf16(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("precision", [
-    pytest.param("bf16", marks=pytest.mark.skipif(not NATIVE_BF16, reason="no native bf16 CPU")),
-    "int8"])
+@pytest.mark.parametrize(
+    "precision",
+    [
+        pytest.param(
+            "bf16", marks=pytest.mark.skipif(not NATIVE_BF16, reason="no native bf16 CPU")
+        ),
+        "int8",
+    ],
+)
 def test_fast_modes_mostly_agree_with_fp32(copy_model, sources, precision):
     srcs = [r[r.ne(0)].tolist() for r in sources]
     ref = translate_ids(Decoder(copy_model), srcs, DecodeConfig())
@@ -260,16 +266,41 @@ def test_cli_ensemble_of_a_model_with_itself_translates_as_the_model(model_files
     outs = []
     for extra in ([], ["--ensemble", str(model), str(model)]):
         outs.append(tmp_path / f"out{len(extra)}.txt")
-        decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o",
-                     str(outs[-1]), "--beam-size", "2", "--no-progress", "--params",
-                     str(empty_params(tmp_path)), *extra])
+        decode.main(
+            [
+                "--model",
+                str(model),
+                "--tokenizer",
+                str(tok),
+                "-i",
+                str(src),
+                "-o",
+                str(outs[-1]),
+                "--beam-size",
+                "2",
+                "--no-progress",
+                "--params",
+                str(empty_params(tmp_path)),
+                *extra,
+            ]
+        )
     assert outs[0].read_text() == outs[1].read_text() and outs[0].read_text().strip()
     other = checkpoint.load(model)
     other["vocab_size"] += 1
     checkpoint.save(tmp_path / "wider.pt", other)
     with pytest.raises(SystemExit, match=r"error: .*wider\.pt"):
-        decode.main(["--model", str(model), "--tokenizer", str(tok), "-i", str(src),
-                     "--ensemble", str(tmp_path / "wider.pt")])
+        decode.main(
+            [
+                "--model",
+                str(model),
+                "--tokenizer",
+                str(tok),
+                "-i",
+                str(src),
+                "--ensemble",
+                str(tmp_path / "wider.pt"),
+            ]
+        )
 
 
 def test_input_lines_end_at_newlines_only_and_bad_bytes_name_the_line(model_files, tmp_path):
@@ -279,8 +310,18 @@ def test_input_lines_end_at_newlines_only_and_bad_bytes_name_the_line(model_file
     src.write_bytes(b"fine\nHello \xff\xfe world.\n")
     with pytest.raises(DecodeError, match=r"in\.txt: line 2: not UTF-8"):
         decode.read_lines(src)
-    cmd = [sys.executable, "-m", "transformer.decode", "--model", str(model_files[0]),
-           "--tokenizer", str(model_files[1]), "--beam-size", "1", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformer.decode",
+        "--model",
+        str(model_files[0]),
+        "--tokenizer",
+        str(model_files[1]),
+        "--beam-size",
+        "1",
+        "--no-progress",
+    ]
     r = subprocess.run(cmd, input=b"ok\nbad \xff\n", capture_output=True, cwd=tmp_path, check=False)
     assert r.returncode == 1 and b"error: <stdin>: line 2: not UTF-8" in r.stderr, r.stderr
 
@@ -294,14 +335,17 @@ def empty_params(d: Path) -> Path:
 def test_bad_cli_overrides_name_the_flag(tmp_path):
     import argparse
 
-    args = argparse.Namespace(params=empty_params(tmp_path), beam_size=[4, 0],
-                              length_penalty=None, precision=None)
+    args = argparse.Namespace(
+        params=empty_params(tmp_path), beam_size=[4, 0], length_penalty=None, precision=None
+    )
     with pytest.raises(ConfigError, match="--beam-size must be >= 1, got 0"):
         decode.decode_config(args)
     args.beam_size = 4
     for alpha in (-0.5, float("nan"), float("inf"), 1e6):
         args.length_penalty = alpha
-        with pytest.raises(ConfigError, match=rf"--length-penalty must be in \[0, 10\], got {alpha}"):
+        with pytest.raises(
+            ConfigError, match=rf"--length-penalty must be in \[0, 10\], got {alpha}"
+        ):
             decode.decode_config(args)
     args.length_penalty = 1.0
     assert decode.decode_config(args).length_penalty == 1.0
@@ -312,7 +356,9 @@ def test_bad_cli_overrides_name_the_flag(tmp_path):
 
 def test_a_beam_wider_than_the_vocabulary_is_named(model_files):
     tr = load_translator(*model_files, DecodeConfig(beam_size=5000))
-    with pytest.raises(DecodeError, match=r"beam size 5000 is more than the vocabulary's \d+ units"):
+    with pytest.raises(
+        DecodeError, match=r"beam size 5000 is more than the vocabulary's \d+ units"
+    ):
         tr.translate(["the cat"])
 
 

@@ -70,7 +70,10 @@ def test_synthetic_de_en_swaps_sides(tmp_path):
 
 
 def test_unknown_source_lists_valid(tmp_path):
-    with pytest.raises(SystemExit, match=r"params.yaml: download.source must be one of synthetic, local, wmt, hf, got 'ftp'"):
+    with pytest.raises(
+        SystemExit,
+        match=r"params.yaml: download.source must be one of synthetic, local, wmt, hf, got 'ftp'",
+    ):
         run_cli(tmp_path, {"source": "ftp"})
 
 
@@ -156,16 +159,25 @@ def test_tsv_jsonl_gz_formats(tmp_path, caplog):
 
 
 def test_jsonl_values_that_are_not_text_are_counted_not_fatal(tmp_path, caplog):
-    rows = ['{"translation": {"en": "Hello\\nworld", "de": "Hallo\\nWelt"}}',
-            '{"translation": {"en": "bad \\ud83d here", "de": "schlecht"}}',  # lone surrogate
-            '{"translation": {"en": 2014, "de": "zweitausendvierzehn"}}',
-            '{"translation": {"en": null, "de": "nichts"}}']
+    rows = [
+        '{"translation": {"en": "Hello\\nworld", "de": "Hallo\\nWelt"}}',
+        '{"translation": {"en": "bad \\ud83d here", "de": "schlecht"}}',  # lone surrogate
+        '{"translation": {"en": 2014, "de": "zweitausendvierzehn"}}',
+        '{"translation": {"en": null, "de": "nichts"}}',
+    ]
     write(tmp_path / "t.jsonl", "\n".join(rows).encode() + b"\n" + b'{"translation": \xff}\n')
     dev = [{"path": str(tmp_path / "dev.{lang}")}]
     for lang in ("en", "de"):
         write(tmp_path / f"dev.{lang}", f"dev {lang}\n")
-    out, m = run_cli(tmp_path, local(tmp_path, train=[{"path": str(tmp_path / "t.jsonl"),
-                                                        "format": "jsonl"}], valid=dev, test=dev))
+    out, m = run_cli(
+        tmp_path,
+        local(
+            tmp_path,
+            train=[{"path": str(tmp_path / "t.jsonl"), "format": "jsonl"}],
+            valid=dev,
+            test=dev,
+        ),
+    )
     assert lines(out / "train.en") == ["Hello world"] and lines(out / "train.de") == ["Hallo Welt"]
     dropped = m["splits"]["train"]["dropped"]
     assert (dropped["invalid_utf8"], dropped["malformed"]) == (2, 2)
@@ -177,10 +189,14 @@ def test_jsonl_values_that_are_not_text_are_counted_not_fatal(tmp_path, caplog):
 def test_an_archive_member_without_lang_is_refused(tmp_path):
     write(tmp_path / "c.tgz", tarball({"c.en": b"hello world\n"}))
     spec = [SourceSpec(path=str(tmp_path / "c.tgz"), src="c.en")]
-    cfg = DownloadConfig(source="local", splits={s: spec for s in download.SPLITS},
-                         cache_dir=str(tmp_path / "cache"))
-    with pytest.raises(SourceError, match=r"c\.tgz: source and target are the same file; put "
-                                          r"\{lang\} in src"):
+    cfg = DownloadConfig(
+        source="local", splits={s: spec for s in download.SPLITS}, cache_dir=str(tmp_path / "cache")
+    )
+    with pytest.raises(
+        SourceError,
+        match=r"c\.tgz: source and target are the same file; put "
+        r"\{lang\} in src",
+    ):
         download.download(cfg, tmp_path / "o")
 
 
@@ -371,11 +387,19 @@ def test_a_replaced_archive_of_the_same_name_is_extracted_afresh(tmp_path):
     for lang in ("en", "de"):
         write(tmp_path / f"dev.{lang}", f"dev {lang}\n")
     dev = [{"path": str(tmp_path / "dev.{lang}")}]
-    cfg = local(tmp_path, train=[{"path": str(tmp_path / "c.tgz"), "src": "c.{lang}"}],
-                valid=dev, test=dev)
+    cfg = local(
+        tmp_path, train=[{"path": str(tmp_path / "c.tgz"), "src": "c.{lang}"}], valid=dev, test=dev
+    )
     for word in ("alpha", "beta"):
-        write(tmp_path / "c.tgz", tarball({f"c.{lang}": "".join(
-            f"{word} {lang} {i}\n" for i in range(5)).encode() for lang in ("en", "de")}))
+        write(
+            tmp_path / "c.tgz",
+            tarball(
+                {
+                    f"c.{lang}": "".join(f"{word} {lang} {i}\n" for i in range(5)).encode()
+                    for lang in ("en", "de")
+                }
+            ),
+        )
         out, _ = run_cli(tmp_path, cfg)
         assert lines(out / "train.en")[0] == f"{word} en 0"
 
@@ -411,8 +435,12 @@ def test_a_cached_download_is_fetched_again_when_the_source_changed(tmp_path, ca
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Moving)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}/c.tgz"
-    make = lambda word: tarball({f"c.{lang}": "".join(
-        f"{word} {lang} {i}\n" for i in range(5)).encode() for lang in ("en", "de")})
+    make = lambda word: tarball(
+        {
+            f"c.{lang}": "".join(f"{word} {lang} {i}\n" for i in range(5)).encode()
+            for lang in ("en", "de")
+        }
+    )
     try:
         Moving.body, Moving.requests = make("alpha"), []
         first = wmt.fetch(url, tmp_path / "dl", retries=1, backoff=0.01, timeout=5)

@@ -31,14 +31,19 @@ SEGS = [
 
 def sgm(segs: list[str], lang: str) -> bytes:
     body = "".join(f'<seg id="{i}">{s}</seg>\n' for i, s in enumerate(segs, 1))
-    return (f'<refset setid="newstest2014" srclang="any" trglang="{lang}">\n'
-            f'<doc sysid="ref" docid="d1" genre="news" origlang="en">\n<p>\n{body}</p>\n'
-            "</doc>\n</refset>\n").encode()
+    return (
+        f'<refset setid="newstest2014" srclang="any" trglang="{lang}">\n'
+        f'<doc sysid="ref" docid="d1" genre="news" origlang="en">\n<p>\n{body}</p>\n'
+        "</doc>\n</refset>\n"
+    ).encode()
 
 
 def sgm_part(tmp_path, name: str = "nt") -> dict:
-    return {"src": str(tmp_path / f"{name}-src.en.sgm"), "tgt": str(tmp_path / f"{name}-ref.de.sgm"),
-            "format": "sgm"}
+    return {
+        "src": str(tmp_path / f"{name}-src.en.sgm"),
+        "tgt": str(tmp_path / f"{name}-ref.de.sgm"),
+        "format": "sgm",
+    }
 
 
 def sacrebleu_reads(path) -> bytes:
@@ -53,8 +58,15 @@ def eval_cfg(tmp_path, segs_en, segs_de, **clean) -> dict:
     write(tmp_path / "nt-ref.de.sgm", sgm(segs_de, "de"))
     write(tmp_path / "t.en", "".join(f"train sentence {i}\n" for i in range(30)))
     write(tmp_path / "t.de", "".join(f"Trainingssatz {i}\n" for i in range(30)))
-    return {**local(tmp_path, train=[{"path": str(tmp_path / "t.{lang}")}],
-                    valid=[sgm_part(tmp_path)], test=[sgm_part(tmp_path)]), "clean": clean}
+    return {
+        **local(
+            tmp_path,
+            train=[{"path": str(tmp_path / "t.{lang}")}],
+            valid=[sgm_part(tmp_path)],
+            test=[sgm_part(tmp_path)],
+        ),
+        "clean": clean,
+    }
 
 
 def test_sgm_eval_sets_are_byte_identical_to_sacrebleu_and_stay_so_to_the_scorer(tmp_path):
@@ -103,18 +115,24 @@ def test_invalid_utf8_in_an_eval_sgm_stops_the_stage_naming_file_and_line(tmp_pa
     write(tmp_path / "bad-ref.de.sgm", bad)
     write(tmp_path / "bad-src.en.sgm", (tmp_path / "nt-src.en.sgm").read_bytes())
     cfg["splits"][split] = [sgm_part(tmp_path, "bad")]
-    with pytest.raises(SystemExit, match=r"bad-ref\.de\.sgm: line 5: invalid UTF-8 .*never "
-                                         r"shortened"):
+    with pytest.raises(
+        SystemExit,
+        match=r"bad-ref\.de\.sgm: line 5: invalid UTF-8 .*never "
+        r"shortened",
+    ):
         run_cli(tmp_path, cfg)
     assert not (tmp_path / "raw").exists() and not (tmp_path / "download.json").exists()
 
 
 def test_invalid_utf8_in_a_train_sgm_is_dropped_and_the_warning_names_the_file_line(
-        tmp_path, caplog):
+    tmp_path, caplog
+):
     cfg = eval_cfg(tmp_path, ["one", "two", "three"], ["eins", "zwei", "drei"])
     write(tmp_path / "tr-src.en.sgm", sgm(["a b", "c d", "e f"], "en"))
-    write(tmp_path / "tr-ref.de.sgm", sgm(["A B", "C D", "E \xff F"], "de").replace(
-        b"\xc3\xbf", b"\xff"))  # "\xff" as one byte: not UTF-8
+    write(
+        tmp_path / "tr-ref.de.sgm",
+        sgm(["A B", "C D", "E \xff F"], "de").replace(b"\xc3\xbf", b"\xff"),
+    )  # "\xff" as one byte: not UTF-8
     cfg["splits"]["train"] = [sgm_part(tmp_path, "tr")]
     with caplog.at_level(logging.WARNING, "transformer.download"):
         out, m = run_cli(tmp_path, cfg)
@@ -158,14 +176,19 @@ def test_an_eval_value_with_a_line_break_is_an_error_unless_normalized(tmp_path)
 @pytest.mark.parametrize("preset", ["wmt14-en-de-base", "wmt14-en-de-big"])
 def test_source_hf_alone_switches_a_wmt14_preset_to_the_hub_copy(tmp_path, caplog, preset):
     section = config.preset_params(preset)["download"]
-    section |= {"source": "hf", "hf_path": str(hub_replica(tmp_path / "hub")),
-                "hf_cache_dir": str(tmp_path / "hfcache")}
+    section |= {
+        "source": "hf",
+        "hf_path": str(hub_replica(tmp_path / "hub")),
+        "hf_cache_dir": str(tmp_path / "hfcache"),
+    }
     with caplog.at_level(logging.INFO, "transformer.download"):
         out, m = run_cli(tmp_path, section)  # no network here: statmt.org would fail
     assert m["splits"]["test"]["kept"] == 6 and m["splits"]["train"]["kept"] == 50
     assert (out / "valid.de").read_text().startswith("validation Satz 0\n")
-    assert "download.source is hf: the 3 non-hf part(s) in download.splits.train do not apply"\
+    assert (
+        "download.source is hf: the 3 non-hf part(s) in download.splits.train do not apply"
         in caplog.text
+    )
 
 
 # ----------------------------------------------------------------------------- mirror

@@ -194,12 +194,27 @@ def test_bad_inputs_are_named(stage_inputs, tmp_path):
 
 def test_an_ensemble_is_scored_and_its_members_recorded(stage_inputs, tmp_path):
     d, ck = stage_inputs, stage_inputs / "ckpts"
-    common = [str(d / "tokenizer"), str(d / "raw"), "--no-progress", "--params",
-              str(d / "params.yaml")]
+    common = [
+        str(d / "tokenizer"),
+        str(d / "raw"),
+        "--no-progress",
+        "--params",
+        str(d / "params.yaml"),
+    ]
 
     def run(out: Path, *extra: str) -> dict:
-        evaluate.main([str(ck / "step_00000002.pt"), common[0], common[1], str(out),
-                       "--metrics", str(out / "m.json"), *common[2:], *extra])
+        evaluate.main(
+            [
+                str(ck / "step_00000002.pt"),
+                common[0],
+                common[1],
+                str(out),
+                "--metrics",
+                str(out / "m.json"),
+                *common[2:],
+                *extra,
+            ]
+        )
         return json.loads((out / "m.json").read_text())
 
     alone = run(tmp_path / "alone")
@@ -213,6 +228,9 @@ def test_an_ensemble_is_scored_and_its_members_recorded(stage_inputs, tmp_path):
     other = checkpoint.load(ck / "step_00000001.pt")
     other["tokenizer_sha256"] = "0" * 64
     checkpoint.save(tmp_path / "other.pt", other)
-    with pytest.raises(SystemExit, match=r"error: .*tokenizer sha256 \w+ is not the one "
-                       r".*other\.pt was trained with"):
+    with pytest.raises(
+        SystemExit,
+        match=r"error: .*tokenizer sha256 \w+ is not the one "
+        r".*other\.pt was trained with",
+    ):
         run(tmp_path / "bad", "--ensemble", str(tmp_path / "other.pt"))

@@ -55,8 +55,14 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pat
     d = tmp_path_factory.mktemp("controls")
     files = {
         k: d / k.lower()
-        for k in ("TOY_BARRIER", "TOY_FAIL_ONCE", "TOY_RUNLOG", "TOY_HOLD", "TOY_STARTED",
-                  "TOY_FAIL_TRAIN")
+        for k in (
+            "TOY_BARRIER",
+            "TOY_FAIL_ONCE",
+            "TOY_RUNLOG",
+            "TOY_HOLD",
+            "TOY_STARTED",
+            "TOY_FAIL_TRAIN",
+        )
     }
     files["TOY_BARRIER"].mkdir()
     saved = {k: os.environ.get(k) for k in files}
@@ -85,8 +91,17 @@ def project(
     tests below, in order: demo run, retraining, a failed run, manual experiments through the
     gate, a fresh clone, and last the killed serve process."""
     toy = copy_toy(toy_template, tmp_path_factory.mktemp("served") / "toy")
-    sh(sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(toy.parent / "remote"),
-       cwd=toy)
+    sh(
+        sys.executable,
+        "-m",
+        "dvc",
+        "remote",
+        "add",
+        "-d",
+        "store",
+        str(toy.parent / "remote"),
+        cwd=toy,
+    )
     sh("git", "commit", "-qam", "a DVC remote", cwd=toy)
     env = {**{k: str(v) for k, v in controls.items()}, "TOY_CORPUS": str(toy.parent / "corpus")}
     saved = os.environ.get("TOY_CORPUS")
@@ -102,8 +117,9 @@ def flow_run(run: str):
 
 
 def finished(run: str):
-    return wait_until(f"run {run} to finish",
-                      lambda: flow_run(run).state.type.value in TERMINAL and flow_run(run))
+    return wait_until(
+        f"run {run} to finish", lambda: flow_run(run).state.type.value in TERMINAL and flow_run(run)
+    )
 
 
 def logs(run: str) -> str:
@@ -134,9 +150,15 @@ def test_dag_is_dvcs_own(toy: Path) -> None:
     # a stage added to dvc.yaml is scheduled with no code change
     with open(toy / "dvc.yaml") as f:
         text = f.read()
-    (toy / "dvc.yaml").write_text(text.replace("artifacts:", (
-        "  report:\n    cmd: cp data/stats.json data/report.json\n"
-        "    deps: [data/stats.json]\n    outs: [data/report.json]\nartifacts:")))
+    (toy / "dvc.yaml").write_text(
+        text.replace(
+            "artifacts:",
+            (
+                "  report:\n    cmd: cp data/stats.json data/report.json\n"
+                "    deps: [data/stats.json]\n    outs: [data/report.json]\nartifacts:"
+            ),
+        )
+    )
     assert read_dag(toy)["report"].upstream == ("stats",)
 
 
@@ -161,8 +183,11 @@ def test_gate_both_ways() -> None:
 def test_the_scored_split_is_what_lineage_hashes() -> None:
     from flows.lineage import test_set_hash
 
-    manifest = {f"splits/{s}/files/{s}.{lang}/sha256": f"{s}-{lang}"
-                for s in ("train", "valid", "test") for lang in ("en", "de")}
+    manifest = {
+        f"splits/{s}/files/{s}.{lang}/sha256": f"{s}-{lang}"
+        for s in ("train", "valid", "test")
+        for lang in ("en", "de")
+    }
     hashes = {s: test_set_hash({}, manifest, s) for s in ("valid", "test")}
     assert None not in hashes.values() and hashes["valid"] != hashes["test"]
     assert test_set_hash({}, manifest) == hashes["test"]
@@ -236,11 +261,19 @@ def test_locks_of_dead_processes_are_released(tmp_path) -> None:
     rwlock = tmp_path / ".dvc/tmp/rwlock"
     rwlock.parent.mkdir(parents=True)
     alive, dead = {"pid": os.getpid(), "cmd": "dvc repro"}, {"pid": gone.pid, "cmd": "dvc repro"}
-    rwlock.write_text(json.dumps({"read": {"data/raw": [alive, dead], "data/shards": [dead]},
-                                  "write": {"data/checkpoints": dead, "data/eval": alive}}))
+    rwlock.write_text(
+        json.dumps(
+            {
+                "read": {"data/raw": [alive, dead], "data/shards": [dead]},
+                "write": {"data/checkpoints": dead, "data/eval": alive},
+            }
+        )
+    )
     assert release_dead_locks(tmp_path) == [gone.pid]
-    assert json.loads(rwlock.read_text()) == {"read": {"data/raw": [alive]},
-                                              "write": {"data/eval": alive}}
+    assert json.loads(rwlock.read_text()) == {
+        "read": {"data/raw": [alive]},
+        "write": {"data/eval": alive},
+    }
 
 
 @flow(retries=MAX_ATTEMPTS, retry_delay_seconds=0)
@@ -285,36 +318,58 @@ def latest_run(flow_name: str):
     from prefect.client.schemas.sorting import FlowRunSort
 
     with client() as c:
-        return c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-                                sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+        return c.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            sort=FlowRunSort.START_TIME_DESC,
+            limit=1,
+        )[0]
 
 
 def experiment(toy: Path, name: str) -> dict:
     exps = dvc_json(toy, "exp", "show")
-    (found,) = [e for base in exps for e in (base.get("experiments") or [])
-                for e in e["revs"] if e["name"] == name]
+    (found,) = [
+        e
+        for base in exps
+        for e in (base.get("experiments") or [])
+        for e in e["revs"]
+        if e["name"] == name
+    ]
     return found
 
 
 @pytest.mark.slow
-def test_demo_deployment_end_to_end(project, prefect_server: dict, controls: dict,
-                                    tmp_path: Path) -> None:
+def test_demo_deployment_end_to_end(
+    project, prefect_server: dict, controls: dict, tmp_path: Path
+) -> None:
     """`prefect deployment run pipeline/demo --watch` with an override: it runs in the run
     workspace, the checkout is untouched, and the run is an experiment DVC can reproduce."""
     from flows.pipeline import pipeline
 
     toy = project.path
     controls["TOY_FAIL_ONCE"].touch()  # the first download fails: the task retries with backoff
-    r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=20"]',
-                       "-p", "retry_delay_s=0.1")
+    r = deployment_run(
+        prefect_server,
+        "pipeline/demo",
+        "-p",
+        'overrides=["train.max_steps=20"]',
+        "-p",
+        "retry_delay_s=0.1",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     run = run_id(r.stdout)
     # the stages' own output streamed into the Prefect logs; tokenizer and stats overlapped
     # (each waits at a barrier for the other), and download ran twice
     assert "toy train: trained 20 steps" in logs(run)
     ran = controls["TOY_RUNLOG"].read_text().split()
-    assert sorted(ran) == ["download", "download", "evaluate", "package", "stats", "tokenizer",
-                           "train"]
+    assert sorted(ran) == [
+        "download",
+        "download",
+        "evaluate",
+        "package",
+        "stats",
+        "tokenizer",
+        "train",
+    ]
     untouched(project)
     # lineage: the score, the inputs it came from and the recipe
     table = {row["field"]: row["value"] for row in artifact(run, "lineage")}
@@ -340,7 +395,8 @@ def test_demo_deployment_end_to_end(project, prefect_server: dict, controls: dic
     sh("git", "checkout", "-q", table["experiment_commit"], cwd=clone)
     sh(sys.executable, "-m", "dvc", "repro", cwd=clone)
     assert locked_outs((clone / "dvc.lock").read_text()) == locked_outs(
-        (ws / "dvc.lock").read_text())
+        (ws / "dvc.lock").read_text()
+    )
     # the same recipe again skips every stage: DVC decides what is stale
     before = controls["TOY_RUNLOG"].read_text()
     result = pipeline(preset="demo", overrides=["train.max_steps=20"], project=str(toy))
@@ -350,8 +406,7 @@ def test_demo_deployment_end_to_end(project, prefect_server: dict, controls: dic
 
 
 @pytest.mark.slow
-def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict,
-                                            controls: dict) -> None:
+def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, controls: dict) -> None:
     """A one-off run with an override does not leak into the scheduled retrain, which trains
     its own recipe (serve's: the demo preset), waits for its concurrency slot, and becomes the
     first champion; a second retrain with nothing changed trains nothing."""
@@ -400,8 +455,9 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict,
 
 
 @pytest.mark.slow
-def test_retrain_considers_code_and_recipe_changes_and_runs_queue(project, prefect_server: dict,
-                                                                 controls: dict) -> None:
+def test_retrain_considers_code_and_recipe_changes_and_runs_queue(
+    project, prefect_server: dict, controls: dict
+) -> None:
     """Not only new data: a commit that changes the code, or another recipe, is a candidate
     too. Two runs started at once take turns in the one workspace, each with its own recipe."""
     from flows.retrain import retrain
@@ -417,9 +473,18 @@ def test_retrain_considers_code_and_recipe_changes_and_runs_queue(project, prefe
     # against the champion, made before the code change: both differ
     assert out["reason"].startswith("code_hash, params_sha256 changed;"), out["reason"]
     assert not out["promoted"] and out["candidate"]["overrides"] == ["train.max_steps=500"]
-    runs = [run_id(deployment_run(prefect_server, "pipeline/demo", "-p",
-                                  f'overrides=["train.max_steps={n}"]', watch=False).stdout)
-            for n in (40, 50)]
+    runs = [
+        run_id(
+            deployment_run(
+                prefect_server,
+                "pipeline/demo",
+                "-p",
+                f'overrides=["train.max_steps={n}"]',
+                watch=False,
+            ).stdout
+        )
+        for n in (40, 50)
+    ]
     for each, n in zip(runs, (40, 50)):
         assert finished(each).state.is_completed()
         table = {row["field"]: row["value"] for row in artifact(each, "lineage")}
@@ -429,22 +494,25 @@ def test_retrain_considers_code_and_recipe_changes_and_runs_queue(project, prefe
 
 
 @pytest.mark.slow
-def test_a_failed_run_names_its_cause_and_changes_nothing(project, prefect_server: dict,
-                                                          controls: dict) -> None:
+def test_a_failed_run_names_its_cause_and_changes_nothing(
+    project, prefect_server: dict, controls: dict
+) -> None:
     r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
     state = flow_run(run_id(r.stdout)).state
     assert state.is_failed() and "unknown key train.max_step" in state.message
     untouched(project)
     controls["TOY_FAIL_TRAIN"].touch()
     try:
-        r = deployment_run(prefect_server, "pipeline/demo", "-p",
-                           'overrides=["train.max_steps=70"]')
+        r = deployment_run(
+            prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=70"]'
+        )
     finally:
         controls["TOY_FAIL_TRAIN"].unlink()
     state = flow_run(run_id(r.stdout)).state
     assert state.is_failed(), state
-    assert ("stage train failed: error: data/shards/train.bin: not a shard (simulated "
-            "corruption)") in state.message
+    assert (
+        "stage train failed: error: data/shards/train.bin: not a shard (simulated corruption)"
+    ) in state.message
     untouched(project)
 
 
@@ -456,8 +524,18 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
     dvc = (sys.executable, "-m", "dvc")
     cli = {**prefect_server, **env, "PYTHONPATH": str(toy)}
     for name, steps in (("by-hand-better", 900), ("by-hand-worse", 300)):
-        sh(*dvc, "exp", "run", "--temp", "-n", name, "-S", f"train.max_steps={steps}",
-           cwd=toy, env=cli)
+        sh(
+            *dvc,
+            "exp",
+            "run",
+            "--temp",
+            "-n",
+            name,
+            "-S",
+            f"train.max_steps={steps}",
+            cwd=toy,
+            env=cli,
+        )
     out = sh(sys.executable, "-m", "flows.promote", "by-hand-better", cwd=toy, env=cli)
     assert "promoted as v2.0.0: candidate BLEU 90.00 beats champion 60.00" in out
     out = sh(sys.executable, "-m", "flows.promote", "by-hand-worse", cwd=toy, env=cli)
@@ -477,8 +555,20 @@ def test_the_champion_from_a_fresh_clone(project, tmp_path: Path) -> None:
     toy = project.path
     fresh = tmp_path / "fresh"
     sh("git", "clone", "-q", str(toy), str(fresh), cwd=tmp_path)
-    sh(sys.executable, "-m", "dvc", "artifacts", "get", ".", "transformer", "--stage", "prod",
-       "-o", "champion", cwd=fresh)
+    sh(
+        sys.executable,
+        "-m",
+        "dvc",
+        "artifacts",
+        "get",
+        ".",
+        "transformer",
+        "--stage",
+        "prod",
+        "-o",
+        "champion",
+        cwd=fresh,
+    )
     lineage_file = json.loads((fresh / "champion/lineage.json").read_text())
     assert lineage_file["bleu"] == 90.0
     assert (fresh / "champion/model.pt").read_text().startswith("900 ")
@@ -486,22 +576,25 @@ def test_the_champion_from_a_fresh_clone(project, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_killed_serve_process_then_the_run_resumes(project, prefect_server: dict,
-                                                   controls: dict) -> None:
+def test_killed_serve_process_then_the_run_resumes(
+    project, prefect_server: dict, controls: dict
+) -> None:
     """Runs last: kill -9 of `flows.serve` mid-train. The run crashes saying what died, the
     automation reschedules it, the restarted serve process resumes it: Completed, no person."""
     toy, env = project.path, project.env
     hold, started = controls["TOY_HOLD"], controls["TOY_STARTED"]
     started.unlink(missing_ok=True)
     hold.touch()
-    r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=30"]',
-                       watch=False)
+    r = deployment_run(
+        prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=30"]', watch=False
+    )
     run = run_id(r.stdout)
     wait_until("train to start", started.exists)
     project.serve.send_signal(signal.SIGKILL)
     project.serve.wait()
-    rescheduled = wait_until("the crashed run to be rescheduled",
-                             lambda: flow_run(run).state.name == "AwaitingRetry")
+    rescheduled = wait_until(
+        "the crashed run to be rescheduled", lambda: flow_run(run).state.name == "AwaitingRetry"
+    )
     assert rescheduled
     with client() as c:
         crashed = [s for s in c.read_flow_run_states(run) if s.is_crashed()]

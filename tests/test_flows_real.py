@@ -56,8 +56,17 @@ def checkout(tmp_path: Path) -> Path:
     ).stdout
     subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
     git_init(project)
-    sh(sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(tmp_path / "remote"),
-       cwd=project)
+    sh(
+        sys.executable,
+        "-m",
+        "dvc",
+        "remote",
+        "add",
+        "-d",
+        "store",
+        str(tmp_path / "remote"),
+        cwd=project,
+    )
     sh("git", "add", "-A", cwd=project)
     sh("git", "commit", "-qm", "checkout", cwd=project)
     return project
@@ -69,8 +78,9 @@ def state(run: str):
 
 
 @pytest.mark.slow
-def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
-                                                       tmp_path: Path) -> None:
+def test_real_pipeline_killed_resumed_promoted_fetched(
+    prefect_server: dict, tmp_path: Path
+) -> None:
     project = checkout(tmp_path)
     params = (project / "params.yaml").read_bytes()
     ws = project / WORKSPACE
@@ -106,19 +116,29 @@ def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
             "train": [{"changed outs": {"data/checkpoints": "deleted"}}],
             "average": [{"changed deps": {"data/checkpoints": "deleted"}}],
         }
-        assert "Data and pipelines are up to date" in sh(*dvc, "repro", "--allow-missing",
-                                                         "--dry", cwd=clone)
+        assert "Data and pipelines are up to date" in sh(
+            *dvc, "repro", "--allow-missing", "--dry", cwd=clone
+        )
         bleu = json.loads((clone / "data/metrics/evaluate.json").read_text())["bleu"]
         assert bleu == float(table["bleu"])
         assert (clone / "data/live/plots/metrics/train/loss.tsv").is_file()
         # a longer run, killed with its serve process once it has written checkpoints
-        longer = [*TINY[:-5], "train.max_steps=60", "train.save_every_steps=10",
-                  "train.valid_every_steps=30", "average.last_k=2", "decode.beam_size=1"]
-        r = deployment_run(prefect_server, "pipeline/demo", "-p",
-                           f"overrides={json.dumps(longer)}", watch=False)
+        longer = [
+            *TINY[:-5],
+            "train.max_steps=60",
+            "train.save_every_steps=10",
+            "train.valid_every_steps=30",
+            "average.last_k=2",
+            "decode.beam_size=1",
+        ]
+        r = deployment_run(
+            prefect_server, "pipeline/demo", "-p", f"overrides={json.dumps(longer)}", watch=False
+        )
         run = run_id(r.stdout)
-        wait_until("a checkpoint of the longer run",
-              lambda: (ws / "data/checkpoints/step_00000020.pt").exists())
+        wait_until(
+            "a checkpoint of the longer run",
+            lambda: (ws / "data/checkpoints/step_00000020.pt").exists(),
+        )
         serve.kill()
         serve.wait()
     wait_until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
@@ -138,12 +158,35 @@ def test_real_pipeline_killed_resumed_promoted_fetched(prefect_server: dict,
     # another machine: a fresh clone fetches the champion and translates with it
     fresh = tmp_path / "fresh"
     sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
-    sh(sys.executable, "-m", "dvc", "artifacts", "get", ".", "transformer", "--stage", "prod",
-       "-o", "champion", cwd=fresh)
+    sh(
+        sys.executable,
+        "-m",
+        "dvc",
+        "artifacts",
+        "get",
+        ".",
+        "transformer",
+        "--stage",
+        "prod",
+        "-o",
+        "champion",
+        cwd=fresh,
+    )
     src = "Lena bought 28 apples.\n\nThe meeting is at 3:35 PM.\n"
     (fresh / "in.txt").write_text(src)
-    sh(sys.executable, "-m", "transformer.decode", "--model", "champion", "-i", "in.txt", "-o",
-       "out.txt", "--no-progress", cwd=fresh)
+    sh(
+        sys.executable,
+        "-m",
+        "transformer.decode",
+        "--model",
+        "champion",
+        "-i",
+        "in.txt",
+        "-o",
+        "out.txt",
+        "--no-progress",
+        cwd=fresh,
+    )
     assert len((fresh / "out.txt").read_text().split("\n")) == 4  # 3 lines, the blank one kept
     champion = json.loads((fresh / "champion/lineage.json").read_text())
     assert champion["bleu"] == float(record["bleu"])

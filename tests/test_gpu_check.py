@@ -19,7 +19,8 @@ from transformer.model import Transformer
 ROOT = Path(__file__).resolve().parents[1]
 HF = importlib.util.find_spec("transformers") is not None
 CONTENDERS = ["ours", "ours_unfused_loss", "ours_torch_dropout", "torch_transformer"] + (
-    ["hf_marian"] if HF else [])
+    ["hf_marian"] if HF else []
+)
 
 
 def positive(x) -> bool:
@@ -29,9 +30,21 @@ def positive(x) -> bool:
 @pytest.fixture(scope="module")
 def check(tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("gpu_check")
-    cmd = [sys.executable, "benchmarks/gpu_check.py", "--out", str(out), "--reduced",
-           "--device", "cpu", "--peak-tflops", "1", "--budget-s", "400",
-           "--sections", "tests,loss,train,decode,profile"]  # compile: minutes on a CPU
+    cmd = [
+        sys.executable,
+        "benchmarks/gpu_check.py",
+        "--out",
+        str(out),
+        "--reduced",
+        "--device",
+        "cpu",
+        "--peak-tflops",
+        "1",
+        "--budget-s",
+        "400",
+        "--sections",
+        "tests,loss,train,decode,profile",
+    ]  # compile: minutes on a CPU
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads((out / "results.json").read_text()), out
@@ -51,11 +64,17 @@ def test_every_section_writes_finite_figures(check):
             assert positive(fig["loss_first"]) and fig["steps"] == 2
     for size in ("256", "512"):
         ratios = r["ratios"]["train"]["tiny"][size]
-        for key in ("ours/torch_transformer", "ours/fastest_peer", "ours_unfused_loss/ours",
-                    "ours_torch_dropout/ours") + (("ours/hf_marian",) if HF else ()):
+        for key in (
+            "ours/torch_transformer",
+            "ours/fastest_peer",
+            "ours_unfused_loss/ours",
+            "ours_torch_dropout/ours",
+        ) + (("ours/hf_marian",) if HF else ()):
             assert positive(ratios[key]), (size, key, ratios)
     dec = r["decode"]["tiny"]
-    assert positive(dec["ours_fp32"]["sentences_per_s"]) and positive(dec["ours_fp32"]["tokens_per_s"])
+    assert positive(dec["ours_fp32"]["sentences_per_s"]) and positive(
+        dec["ours_fp32"]["tokens_per_s"]
+    )
     if HF:
         assert positive(r["ratios"]["decode"]["tiny"]["ours_fp32/hf_generate_fp32"])
         # our weights in Marian's layout, the same batches and lengths: the same search
@@ -86,14 +105,27 @@ def test_peaks_and_rules(load_benchmark):
     assert peers.peak_tflops("NVIDIA A100-SXM4-80GB") is None
 
     def run(rate: float, warm: float = 1.0) -> dict:
-        return {s: {"tokens_per_s": rate, "warmup_s": warm, "tgt_tokens_per_step": 2500}
-                for s in ("3125", "12500")}
+        return {
+            s: {"tokens_per_s": rate, "warmup_s": warm, "tgt_tokens_per_step": 2500}
+            for s in ("3125", "12500")
+        }
 
-    train = {s: {"ours": run(100), "ours_unfused_loss": run(106), "ours_torch_dropout": run(101),
-                 "ours_compiled": run(120, warm=70), "hf_marian": run(50)} for s in ("base", "big")}
+    train = {
+        s: {
+            "ours": run(100),
+            "ours_unfused_loss": run(106),
+            "ours_torch_dropout": run(101),
+            "ours_compiled": run(120, warm=70),
+            "hf_marian": run(50),
+        }
+        for s in ("base", "big")
+    }
     train["big"]["ours_unfused_loss"]["12500"]["tokens_per_s"] = 97  # below the 0.98 floor
-    r = {"meta": {"gpu_loss_chunk": 1 << 22}, "train": train,
-         "loss": {"big": {"fused_chunk_2^22": 10.0, "fused_chunk_2^26": 9.6, "unfused": 8.0}}}
+    r = {
+        "meta": {"gpu_loss_chunk": 1 << 22},
+        "train": train,
+        "loss": {"big": {"fused_chunk_2^22": 10.0, "fused_chunk_2^26": 9.6, "unfused": 8.0}},
+    }
     rules = report.derived(r)["rules"]
     assert rules[0].startswith("Transformer.fused_loss False on CUDA: keep as is")
     assert rules[1].startswith("F.dropout on CUDA (ops.LANE_DROPOUT - cuda): keep as is")
@@ -111,5 +143,9 @@ def test_peaks_and_rules(load_benchmark):
         s["ours"]["12500"].update(tokens_per_s=200, tgt_tokens_per_step=10000)  # 50 s a step
     hours = {(p["preset"], p["gpus"]): p["hours"] for p in report.derived(r)["projection"]}
     # 8 GPUs: 100k / 300k steps of 25 s; 1 GPU: 2 micro-batches of 12,500 (the faster) a step
-    assert hours == {("wmt14-en-de-base", 8): 694.4, ("wmt14-en-de-base", 1): 2777.8,
-                     ("wmt14-en-de-big", 8): 2083.3, ("wmt14-en-de-big", 1): 8333.3}
+    assert hours == {
+        ("wmt14-en-de-base", 8): 694.4,
+        ("wmt14-en-de-base", 1): 2777.8,
+        ("wmt14-en-de-big", 8): 2083.3,
+        ("wmt14-en-de-big", 1): 8333.3,
+    }

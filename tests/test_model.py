@@ -27,8 +27,8 @@ def batch(B=3, S=7, T=6, seed=1):
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, V, (B, S), generator=g)
     tgt = torch.randint(4, V, (B, T), generator=g)
-    src[0, S - 2:] = 0  # right padding, as collate builds it
-    tgt[1, T - 3:] = 0
+    src[0, S - 2 :] = 0  # right padding, as collate builds it
+    tgt[1, T - 3 :] = 0
     return src, tgt
 
 
@@ -99,8 +99,10 @@ def test_incremental_decoder_matches_full_decode_and_follows_beams(kernels):
 def reference_loss(logits, tgt_out, eps):
     """torch's own label-smoothed cross-entropy, summed over non-pad targets."""
     x, y = logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1)
-    return (F.cross_entropy(x, y, ignore_index=0, label_smoothing=eps, reduction="sum"),
-            F.cross_entropy(x, y, ignore_index=0, reduction="sum"))
+    return (
+        F.cross_entropy(x, y, ignore_index=0, label_smoothing=eps, reduction="sum"),
+        F.cross_entropy(x, y, ignore_index=0, reduction="sum"),
+    )
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -130,8 +132,9 @@ def test_target_output_vocab_is_the_shared_softmax_over_fewer_units():
     tgt_out[tgt == 0] = 0
     ids = torch.unique(torch.cat([tgt_out[tgt_out.ne(0)], torch.tensor([5, 9])]))  # sorted
     torch.manual_seed(0)
-    m = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2,
-                                output_vocab="target"), V, ids).eval()
+    m = Transformer(
+        ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, output_vocab="target"), V, ids
+    ).eval()
     logits = m(src, tgt)  # (B, T, V): -inf outside ids
     left_out = torch.ones(V, dtype=torch.bool)
     left_out[ids] = False

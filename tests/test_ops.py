@@ -127,8 +127,16 @@ def test_keep_freed_memory_keeps_freed_blocks(allocator):
             pytest.skip("libjemalloc.so.2 not installed (apt-get install libjemalloc2)")
         env["LD_PRELOAD"] = str(JEMALLOC[0])
     held = {
-        mode: int(subprocess.run([sys.executable, "-c", HOLD, mode], env=env, check=True,
-                                 capture_output=True, text=True, cwd=ROOT).stdout)
+        mode: int(
+            subprocess.run(
+                [sys.executable, "-c", HOLD, mode],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            ).stdout
+        )
         for mode in ("default", "keep")
     }
     assert held["default"] < 16, held  # the 64 MiB went back to the OS
@@ -151,15 +159,22 @@ print(read("arena.0.dirty_decay_ms", ctypes.c_ssize_t()),
 """
 
 
-@pytest.mark.skipif(not JEMALLOC, reason="libjemalloc.so.2 not installed (apt-get install "
-                                         "libjemalloc2)")
+@pytest.mark.skipif(
+    not JEMALLOC, reason="libjemalloc.so.2 not installed (apt-get install libjemalloc2)"
+)
 def test_keep_freed_memory_still_lets_jemalloc_purge_small_blocks():
     """Only the huge-block arena stops purging; the others still purge lazily (dirty -> muzzy,
     never forced). jemalloc coalesces freed neighbours only when it purges them: with purging
     off everywhere, attention dropout's many tensor sizes fragmented the heap until a training
     run filled the machine (allocator.jemalloc_keep)."""
     env = {**os.environ, "LD_PRELOAD": str(JEMALLOC[0])}
-    out = subprocess.run([sys.executable, "-c", DECAYS], env=env, check=True,
-                         capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", DECAYS],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
     small_dirty, small_muzzy, huge = map(int, out.split())
     assert small_dirty > 0 and small_muzzy == -1 and huge == -1, out

@@ -20,27 +20,60 @@ def scored(stage_inputs):  # noqa: F811
     d = stage_inputs
     params = ["--params", str(d / "params.yaml")]
     average.main([str(d / "ckpts"), str(d / "avg.pt"), *params])
-    evaluate.main([str(d / "avg.pt"), str(d / "tokenizer"), str(d / "raw"), str(d / "ev"),
-                   "--metrics", str(d / "ev.json"), "--no-progress", *params])
+    evaluate.main(
+        [
+            str(d / "avg.pt"),
+            str(d / "tokenizer"),
+            str(d / "raw"),
+            str(d / "ev"),
+            "--metrics",
+            str(d / "ev.json"),
+            "--no-progress",
+            *params,
+        ]
+    )
     return d
 
 
 def test_the_package_holds_what_translating_needs(scored, tmp_path):
     d = scored
-    package.main([str(d / "avg.pt"), str(d / "tokenizer"), str(d / "ev.json"),
-                  str(tmp_path / "pkg"), "--params", str(d / "params.yaml")])
+    package.main(
+        [
+            str(d / "avg.pt"),
+            str(d / "tokenizer"),
+            str(d / "ev.json"),
+            str(tmp_path / "pkg"),
+            "--params",
+            str(d / "params.yaml"),
+        ]
+    )
     pkg = tmp_path / "pkg"
-    assert sorted(p.name for p in pkg.iterdir()) == ["lineage.json", "model.pt", "params.yaml",
-                                                     "tokenizer"]
+    assert sorted(p.name for p in pkg.iterdir()) == [
+        "lineage.json",
+        "model.pt",
+        "params.yaml",
+        "tokenizer",
+    ]
     assert (pkg / "model.pt").read_bytes() == (d / "avg.pt").read_bytes()
     assert json.loads((pkg / "lineage.json").read_text()) == json.loads((d / "ev.json").read_text())
     assert yaml.safe_load((pkg / "params.yaml").read_text())["decode"]["beam_size"] == 2
     # --model DIR translates as the model, its tokenizer and its params named one by one
     src = tmp_path / "in.txt"
     src.write_text("the cat sat\n\nwe read a book\n")
-    for out, args in (("a.txt", ["--model", str(pkg)]),
-                      ("b.txt", ["--model", str(d / "avg.pt"), "--tokenizer",
-                                 str(d / "tokenizer"), "--params", str(pkg / "params.yaml")])):
+    for out, args in (
+        ("a.txt", ["--model", str(pkg)]),
+        (
+            "b.txt",
+            [
+                "--model",
+                str(d / "avg.pt"),
+                "--tokenizer",
+                str(d / "tokenizer"),
+                "--params",
+                str(pkg / "params.yaml"),
+            ],
+        ),
+    ):
         decode.main([*args, "-i", str(src), "-o", str(tmp_path / out), "--no-progress"])
     assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text()
     assert len((tmp_path / "a.txt").read_text().split("\n")) == 4
@@ -54,8 +87,9 @@ def test_parts_that_do_not_belong_together_are_refused(scored, tmp_path):
     with pytest.raises(PackageError, match="other-tokenizer: tokenizer sha256 .* is not the one"):
         package.package(d / "avg.pt", other, d / "ev.json", {}, tmp_path / "pkg")
     with pytest.raises(PackageError, match=r"ev\.json scores model .*, not .*step_00000001\.pt"):
-        package.package(d / "ckpts" / "step_00000001.pt", d / "tokenizer", d / "ev.json", {},
-                        tmp_path / "pkg")
+        package.package(
+            d / "ckpts" / "step_00000001.pt", d / "tokenizer", d / "ev.json", {}, tmp_path / "pkg"
+        )
     assert not (tmp_path / "pkg").exists()  # nothing half-written
     with pytest.raises(SystemExit, match="a folder without model.pt: not a package"):
         decode.main(["--model", str(tmp_path), "-i", "/dev/null"])

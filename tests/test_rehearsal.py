@@ -19,13 +19,14 @@ def test_disk_counts_a_hardlinked_cache_file_once_and_a_copy_twice(load_benchmar
     assert d["download_cache"] == 0
 
 
-def test_run_measures_the_commands_peak_rss_and_dvcs_share_of_its_time(load_benchmark,
-                                                                      tmp_path):
+def test_run_measures_the_commands_peak_rss_and_dvcs_share_of_its_time(load_benchmark, tmp_path):
     bench = load_benchmark("wmt14_rehearsal")
-    child = ("import subprocess, sys; print(\"Running stage 'x':\", flush=True); "
-             "subprocess.run([sys.executable, '-c', 'import time; b = bytearray(300 << 20); "
-             "time.sleep(1.0); print(len(b))'], check=True); "
-             "import time; time.sleep(0.5); print(\"Updating lock file 'dvc.lock'\")")
+    child = (
+        "import subprocess, sys; print(\"Running stage 'x':\", flush=True); "
+        "subprocess.run([sys.executable, '-c', 'import time; b = bytearray(300 << 20); "
+        "time.sleep(1.0); print(len(b))'], check=True); "
+        "import time; time.sleep(0.5); print(\"Updating lock file 'dvc.lock'\")"
+    )
     r = bench.Run([sys.executable, "-c", child], tmp_path, tmp_path / "log")
     assert r.stage_rss >= 300 << 20 and r.tree_peak >= r.stage_rss  # the grandchild's bytes
     before, after = r.dvc_overhead()

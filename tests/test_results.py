@@ -57,8 +57,9 @@ def project(path: Path, header: str) -> Path:
 
 
 def test_one_line_per_experiment(tmp_path):
-    demo = project(tmp_path / "demo", "# Written by `python -m transformer.config preset demo`; "
-                                      "edit freely.\n")
+    demo = project(
+        tmp_path / "demo", "# Written by `python -m transformer.config preset demo`; edit freely.\n"
+    )
     head = sh("git", "rev-parse", "--short=7", "HEAD", cwd=demo).strip()
     lines = results.table(results.rows(demo, results.exp_show(demo))).splitlines()
     assert [line.split() for line in lines] == [

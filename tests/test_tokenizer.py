@@ -129,8 +129,7 @@ def test_real_data_roundtrip(shared_data, tmp_path):
     """Issue 4: >= 99.9% exact on Multi30k train and newstest2013, both tokenizer types."""
     m30k = [shared_data / f"multi30k/train.{lang}" for lang in ("en", "de")]
     news = {
-        lang: read_lines(shared_data / f"newstest2013/newstest2013.{lang}")
-        for lang in ("en", "de")
+        lang: read_lines(shared_data / f"newstest2013/newstest2013.{lang}") for lang in ("en", "de")
     }
     train = {f.name: read_lines(f) for f in m30k}
     # Trained on a fifth of Multi30k to keep the test fast; all of it is then decoded, and

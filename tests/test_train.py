@@ -22,15 +22,27 @@ from transformer.data import BatchSampler, load_split
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1}
-TRAIN = {"max_tokens": 256, "max_steps": 6, "warmup_steps": 4, "lr_scale": 2.0, "threads": 1,
-         "save_every_steps": 2, "save_every_minutes": 0.0, "keep_last": 2,
-         "valid_every_steps": 3, "log_every_steps": 1}
+TRAIN = {
+    "max_tokens": 256,
+    "max_steps": 6,
+    "warmup_steps": 4,
+    "lr_scale": 2.0,
+    "threads": 1,
+    "save_every_steps": 2,
+    "save_every_minutes": 0.0,
+    "keep_last": 2,
+    "valid_every_steps": 3,
+    "log_every_steps": 1,
+}
 
 
 def write_params(path: Path, model: dict | None = None, **train_over) -> Path:
-    params = {"download": {"synthetic": {"train": 300, "valid": 30, "test": 10}},
-              "tokenizer": {"vocab_size": 300, "min_frequency": 1},
-              "model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train_over}}
+    params = {
+        "download": {"synthetic": {"train": 300, "valid": 30, "test": 10}},
+        "tokenizer": {"vocab_size": 300, "min_frequency": 1},
+        "model": {**MODEL, **(model or {})},
+        "train": {**TRAIN, **train_over},
+    }
     path.write_text(yaml.safe_dump(params))
     return path
 
@@ -46,21 +58,36 @@ def corpus(tmp_path_factory) -> Path:
     return d
 
 
-def run(corpus: Path, ckpt: Path, params: Path, *extra: str, nproc: int = 0,
-        wait: bool = True) -> subprocess.Popen | str:
+def run(
+    corpus: Path, ckpt: Path, params: Path, *extra: str, nproc: int = 0, wait: bool = True
+) -> subprocess.Popen | str:
     """The real CLI in a subprocess (python, or torchrun with `nproc` gloo ranks): its output."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
-    cmd = [*launcher, "-m", "transformer.train", str(corpus / "shards"), str(corpus / "tok"),
-           str(ckpt), "--params", str(params), "--no-progress", *extra]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc
+        else [sys.executable]
+    )
+    cmd = [
+        *launcher,
+        "-m",
+        "transformer.train",
+        str(corpus / "shards"),
+        str(corpus / "tok"),
+        str(ckpt),
+        "--params",
+        str(params),
+        "--no-progress",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # A shell's background job (`make test &`) ignores SIGINT, a child inherits an ignored signal,
     # and its Python then installs no KeyboardInterrupt handler for the Ctrl-C test to reach: a
     # handled one in this process is reset to the default in the child instead.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     if wait:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
@@ -84,7 +111,9 @@ def test_rate_peaks_at_warmup_and_decays():
 def test_precision_auto_follows_the_hardware():
     cpu = torch.device("cpu")
     native = precision.native_bf16(cpu)
-    assert precision.resolve_precision("auto", cpu, "train.precision") == ("bf16" if native else "fp32")
+    assert precision.resolve_precision("auto", cpu, "train.precision") == (
+        "bf16" if native else "fp32"
+    )
     assert precision.resolve_precision("fp32", cpu, "train.precision") == "fp32"
     if native:
         assert precision.resolve_precision("bf16", cpu, "train.precision") == "bf16"
@@ -114,8 +143,12 @@ def test_cpu_share_counts_other_processes_not_this_one():
     subprocess.run([sys.executable, "-c", spin], check=True)
     busy = share.sample()
     dt, children1 = time.monotonic() - t0, os.times()
-    child = (children1.children_user + children1.children_system
-             - children0.children_user - children0.children_system)
+    child = (
+        children1.children_user
+        + children1.children_system
+        - children0.children_user
+        - children0.children_system
+    )
     assert child >= 0.9 and busy["others"] * dt >= 0.8 * child - 0.1, (busy, dt, child)
 
     busy0 = busy_seconds()
@@ -129,7 +162,11 @@ def test_cpu_share_counts_other_processes_not_this_one():
     # others x its window >= others x dt, and its window lies inside [busy0, machine] and around
     # the spin: what it counted is at most the machine's busy time less this process's spin
     assert own >= 1.0 and alone["others"] * dt <= max(machine - own, 0.0) + 1e-9, (
-        alone, dt, machine, own)
+        alone,
+        dt,
+        machine,
+        own,
+    )
     assert alone["steal"] >= 0
 
     warn = CpuShare.WARN_CORES
@@ -144,8 +181,18 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     (out).mkdir()
     torch.save({"x": 1}, checkpoint.step_path(out, 99))  # a stale file of another run
     (out / ".step_00000099.pt.k1ll3d.tmp").write_bytes(b"half")  # a process killed as it saved
-    train.main([str(corpus / "shards"), str(corpus / "tok"), str(out), "--live",
-                str(tmp_path / "live"), "--params", str(params), "--no-progress"])
+    train.main(
+        [
+            str(corpus / "shards"),
+            str(corpus / "tok"),
+            str(out),
+            "--live",
+            str(tmp_path / "live"),
+            "--params",
+            str(params),
+            "--no-progress",
+        ]
+    )
     names = [p.name for p in checkpoint.list_checkpoints(out)]
     assert names == ["step_00000004.pt", "step_00000006.pt"]  # keep_last 2, the stale one gone
     assert sorted(p.name for p in out.iterdir()) == names  # and the half-written one
@@ -177,8 +224,15 @@ def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
     """A run of 40 steps, and one SIGKILLed after its first checkpoint and resumed: their
     step-40 checkpoints are equal bit for bit. The uninterrupted run's output (test_cuda.py
     runs this on a GPU in bf16 and fp16)."""
-    params = write_params(tmp_path / "params.yaml", max_steps=40, save_every_steps=5,
-                          keep_last=0, valid_every_steps=20, log_every_steps=5, **train_over)
+    params = write_params(
+        tmp_path / "params.yaml",
+        max_steps=40,
+        save_every_steps=5,
+        keep_last=0,
+        valid_every_steps=20,
+        log_every_steps=5,
+        **train_over,
+    )
     out = run(corpus, tmp_path / "full", params)
     proc = run(corpus, tmp_path / "killed", params, "--resume", wait=False)
     first = checkpoint.step_path(tmp_path / "killed", 5)
@@ -202,12 +256,17 @@ def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
     return out
 
 
-def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed(corpus,
-                                                                                tmp_path):
+def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed(corpus, tmp_path):
     """A checkpoint cut short (a full disk, a dying machine) must not stop an unattended retry:
     it is named and moved aside, and the run continues from the one before, bit for bit."""
-    params = write_params(tmp_path / "params.yaml", max_steps=20, save_every_steps=5,
-                          keep_last=0, valid_every_steps=10, log_every_steps=5)
+    params = write_params(
+        tmp_path / "params.yaml",
+        max_steps=20,
+        save_every_steps=5,
+        keep_last=0,
+        valid_every_steps=10,
+        log_every_steps=5,
+    )
     run(corpus, tmp_path / "full", params)
     ckpts = tmp_path / "cut"
     ckpts.mkdir()
@@ -224,8 +283,9 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed
     b = checkpoint.load(checkpoint.step_path(ckpts, 20))
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
-    run(corpus, ckpts, write_params(tmp_path / "other.yaml", max_steps=5, lr_scale=1.0),
-        "--resume")  # another config starts fresh: the old run's unreadable files go too
+    run(
+        corpus, ckpts, write_params(tmp_path / "other.yaml", max_steps=5, lr_scale=1.0), "--resume"
+    )  # another config starts fresh: the old run's unreadable files go too
     assert not aside.parent.exists()
 
 
@@ -245,10 +305,17 @@ def test_ctrl_c_names_the_checkpoint_to_resume_from(corpus, tmp_path):
 def test_two_gloo_processes_match_one_process(corpus, tmp_path):
     ds = load_split(corpus / "shards", "train")
     # the same global batches: 2 ranks x 1 micro-batch == 1 process x 2 micro-batches
-    max_tokens = next(m for m in range(256, 400, 8)
-                      if len(BatchSampler(ds.src_lens, ds.tgt_lens, m, 1).batches) % 2 == 0)
-    common = {"max_tokens": max_tokens, "max_steps": 3, "save_every_steps": 0,
-              "valid_every_steps": 0}
+    max_tokens = next(
+        m
+        for m in range(256, 400, 8)
+        if len(BatchSampler(ds.src_lens, ds.tgt_lens, m, 1).batches) % 2 == 0
+    )
+    common = {
+        "max_tokens": max_tokens,
+        "max_steps": 3,
+        "save_every_steps": 0,
+        "valid_every_steps": 0,
+    }
     one = write_params(tmp_path / "one.yaml", {"dropout": 0.0}, update_freq=2, **common)
     two = write_params(tmp_path / "two.yaml", {"dropout": 0.0}, update_freq=1, nproc=2, **common)
     run(corpus, tmp_path / "one", one)
@@ -304,12 +371,19 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     from transformer.resume import find_resume
 
     def meta(shards=("s1",), **train):
-        return {"model_config": asdict(ModelConfig()), "vocab_size": 300, "world_size": 1,
-                "tokenizer_sha256": "abc", "train_config": asdict(TrainConfig(**train)),
-                "train_shards": list(shards)}
+        return {
+            "model_config": asdict(ModelConfig()),
+            "vocab_size": 300,
+            "world_size": 1,
+            "tokenizer_sha256": "abc",
+            "train_config": asdict(TrainConfig(**train)),
+            "train_shards": list(shards),
+        }
 
-    checkpoint.save(checkpoint.step_path(tmp_path, 20),
-                    {**meta(max_steps=20), "model": {}, "step": 20, "optimizer": {}})
+    checkpoint.save(
+        checkpoint.step_path(tmp_path, 20),
+        {**meta(max_steps=20), "model": {}, "step": 20, "optimizer": {}},
+    )
     assert find_resume(tmp_path, meta(max_steps=40))[0] is not None  # more steps: continue
     assert find_resume(tmp_path, meta(max_steps=40, log_every_steps=3))[0] is not None
     # how often checkpoints are written and kept changes no weight: continue
@@ -327,19 +401,28 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     assert path is None and "train_shards differs" in why
     # a time budget: the same or a larger one continues; one below the minutes done does not
     budget = meta(max_steps=0, time_budget_minutes=5.0)
-    checkpoint.save(checkpoint.step_path(tmp_path, 30),
-                    {**budget, "model": {}, "step": 30, "optimizer": {}, "train_seconds": 303.0})
+    checkpoint.save(
+        checkpoint.step_path(tmp_path, 30),
+        {**budget, "model": {}, "step": 30, "optimizer": {}, "train_seconds": 303.0},
+    )
     assert find_resume(tmp_path, budget)[0] is not None
     assert find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=10.0))[0] is not None
     # raised, if only to 5.01 minutes (below the 5.05 the run took): not lowered, continued
     assert find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=5.01))[0] is not None
     path, why = find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=2.0))
-    assert path is None and "303 s of training are past the lowered train.time_budget_minutes 2" in why
+    assert (
+        path is None and "303 s of training are past the lowered train.time_budget_minutes 2" in why
+    )
 
 
 def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(corpus, tmp_path):
-    params = write_params(tmp_path / "params.yaml", max_steps=0, time_budget_minutes=0.02,
-                          save_every_steps=0, valid_every_steps=0)
+    params = write_params(
+        tmp_path / "params.yaml",
+        max_steps=0,
+        time_budget_minutes=0.02,
+        save_every_steps=0,
+        valid_every_steps=0,
+    )
     ckpt, live = tmp_path / "ckpt", tmp_path / "live"
     run(corpus, ckpt, params, "--live", str(live), "--resume")
     done = checkpoint.list_checkpoints(ckpt)

@@ -23,12 +23,22 @@ def mirror(load_benchmark, shared_data, tmp_path_factory):
 def test_archives_have_the_presets_names_and_members(mirror):
     mod, root, _, manifest = mirror
     parts = mod.layout()
-    assert {p["url_path"] for p in parts} == set(manifest["archives"]) == {
-        "/wmt13/training-parallel-europarl-v7.tgz", "/wmt13/training-parallel-commoncrawl.tgz",
-        "/wmt14/training-parallel-nc-v9.tgz", "/wmt14/dev.tgz", "/wmt14/test-full.tgz"}
+    assert (
+        {p["url_path"] for p in parts}
+        == set(manifest["archives"])
+        == {
+            "/wmt13/training-parallel-europarl-v7.tgz",
+            "/wmt13/training-parallel-commoncrawl.tgz",
+            "/wmt14/training-parallel-nc-v9.tgz",
+            "/wmt14/dev.tgz",
+            "/wmt14/test-full.tgz",
+        }
+    )
     with tarfile.open(root / "wmt14" / "test-full.tgz") as tar:
-        assert sorted(tar.getnames()) == ["test-full/newstest2014-deen-ref.de.sgm",
-                                          "test-full/newstest2014-deen-src.en.sgm"]
+        assert sorted(tar.getnames()) == [
+            "test-full/newstest2014-deen-ref.de.sgm",
+            "test-full/newstest2014-deen-src.en.sgm",
+        ]
     sizes = manifest["pairs"]
     assert sum(sizes[n] for n in mod.REAL_PAIRS) == 3000
     assert sizes["commoncrawl"] > sizes["europarl-v7"] > 9 * sizes["news-commentary-v9"]
@@ -42,7 +52,10 @@ def test_the_preset_runs_against_the_mirror_with_one_override(mirror, tmp_path):
     assert (m["splits"]["valid"]["kept"], m["splits"]["test"]["kept"]) == (40, 43)
     train = m["splits"]["train"]
     assert train["read"] == 3000 and list(train["parts"]) == [
-        "europarl-v7", "commoncrawl", "news-commentary-v9"]
+        "europarl-v7",
+        "commoncrawl",
+        "news-commentary-v9",
+    ]
     assert train["dropped"]["duplicate"] > 0 and train["dropped"]["empty"] > 0  # noise
     assert 2700 < train["kept"] < 3000
     assert len((out / "test.de").read_text().split("\n")) == 44

@@ -63,8 +63,16 @@ def jemalloc_keep(mallctl) -> bool:
     never = ctypes.c_ssize_t(-1)
 
     def set_never(name: str) -> bool:
-        return mallctl(name.encode(), None, None, ctypes.byref(never),
-                       ctypes.c_size_t(ctypes.sizeof(never))) == 0
+        return (
+            mallctl(
+                name.encode(),
+                None,
+                None,
+                ctypes.byref(never),
+                ctypes.c_size_t(ctypes.sizeof(never)),
+            )
+            == 0
+        )
 
     ok = set_never("arenas.muzzy_decay_ms")  # the default for arenas created from now on
     for i in range(narenas.value):  # an arena not yet initialized refuses: it takes the default
@@ -72,5 +80,8 @@ def jemalloc_keep(mallctl) -> bool:
     if threshold.value == 0:
         return ok  # no huge arena: big blocks decay like the rest
     libc.free(libc.malloc(threshold.value))  # the huge arena (index opt.narenas) now exists
-    return ok and set_never(f"arena.{narenas.value}.dirty_decay_ms") and set_never(
-        f"arena.{narenas.value}.muzzy_decay_ms")
+    return (
+        ok
+        and set_never(f"arena.{narenas.value}.dirty_decay_ms")
+        and set_never(f"arena.{narenas.value}.muzzy_decay_ms")
+    )

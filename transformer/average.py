@@ -93,7 +93,9 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 acc[k] = v.float().clone()  # clone: never write into the mmap'd file
         if ckpt["step"] > newest["step"]:
             # the newest (by step, whatever the order given) names the average's step and time
-            newest = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")}
+            newest = {
+                k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")
+            }
         averaged.append(
             {
                 "path": p.name,
@@ -159,13 +161,18 @@ def main(argv: list[str] | None = None) -> None:
         "and the output path; or checkpoint files with --out",
     )
     parser.add_argument("--out", type=Path, help="output path when the inputs are files")
-    parser.add_argument("--params", type=Path, default=config.PARAMS,
-                        help="params.yaml whose `average` section chooses from CKPT_DIR")
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=config.PARAMS,
+        help="params.yaml whose `average` section chooses from CKPT_DIR",
+    )
     args = parser.parse_args(argv)
     try:
         if args.out is None and len(args.inputs) == 2 and not args.inputs[0].exists():
-            raise AverageError(f"{args.inputs[0]}: no such checkpoint directory "
-                               "(run the train stage first)")
+            raise AverageError(
+                f"{args.inputs[0]}: no such checkpoint directory (run the train stage first)"
+            )
         if args.out is None and len(args.inputs) == 2 and args.inputs[0].is_dir():
             cfg = config.load(AverageConfig, "average", args.params)
             paths = select_checkpoints(args.inputs[0], cfg)

@@ -46,15 +46,20 @@ def load(path: Path, mmap: bool = False) -> dict[str, Any]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001  (RuntimeError, UnpicklingError, EOFError, ...)
         # torch's own text for these suggests weights_only=False: never right for a stranger's file
-        raise CheckpointError(f"{path}: not a readable checkpoint (corrupt, truncated, or not a "
-                              f"torch checkpoint of plain tensors: {type(e).__name__})") from None
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (corrupt, truncated, or not a "
+            f"torch checkpoint of plain tensors: {type(e).__name__})"
+        ) from None
     if not isinstance(ckpt, dict):
-        raise CheckpointError(f"{path}: not a checkpoint of this project (a {type(ckpt).__name__}"
-                              f", expected a dict with keys {', '.join(REQUIRED)})")
+        raise CheckpointError(
+            f"{path}: not a checkpoint of this project (a {type(ckpt).__name__}"
+            f", expected a dict with keys {', '.join(REQUIRED)})"
+        )
     missing = [k for k in REQUIRED if k not in ckpt]
     if missing:
-        raise CheckpointError(f"{path}: not a checkpoint of this project (missing key "
-                              f"{missing[0]!r})")
+        raise CheckpointError(
+            f"{path}: not a checkpoint of this project (missing key {missing[0]!r})"
+        )
     return ckpt
 
 
@@ -64,8 +69,10 @@ def model_config(ckpt: dict[str, Any], path: Path | str = "<checkpoint>") -> Mod
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = [k for k in stored if k not in names]
     if unknown:
-        raise CheckpointError(f"{path}: model_config.{unknown[0]} is not a ModelConfig field "
-                              f"(checkpoint from another version?)")
+        raise CheckpointError(
+            f"{path}: model_config.{unknown[0]} is not a ModelConfig field "
+            f"(checkpoint from another version?)"
+        )
     try:
         return ModelConfig(**stored)
     except ConfigError as e:
@@ -91,12 +98,15 @@ def load_weights(model: Transformer, ckpt: dict[str, Any], path: Path | str = "<
         if k not in state:
             raise CheckpointError(f"{path}: model.{k} is missing (another architecture?)")
         if tuple(state[k].shape) != tuple(own[k].shape):
-            raise CheckpointError(f"{path}: model.{k} has shape {tuple(state[k].shape)}, "
-                                  f"the model expects {tuple(own[k].shape)}")
+            raise CheckpointError(
+                f"{path}: model.{k} has shape {tuple(state[k].shape)}, "
+                f"the model expects {tuple(own[k].shape)}"
+            )
     extra = [k for k in state if k not in own]
     if extra:
-        raise CheckpointError(f"{path}: model.{extra[0]} is not in this model "
-                              "(another architecture?)")
+        raise CheckpointError(
+            f"{path}: model.{extra[0]} is not in this model (another architecture?)"
+        )
     check_finite(state, path)
     model.load_state_dict(state)
 
@@ -106,25 +116,32 @@ def check_finite(state: dict[str, Any], path: Path | str = "<checkpoint>") -> No
     fine and decodes to nothing (and, averaged, spreads to every checkpoint's mean)."""
     for k, v in state.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
-            raise CheckpointError(f"{path}: model.{k} holds NaN or inf (a corrupt file, or a "
-                                  "run that diverged)")
+            raise CheckpointError(
+                f"{path}: model.{k} holds NaN or inf (a corrupt file, or a run that diverged)"
+            )
 
 
-def check_compatible(ckpt: dict[str, Any], cfg: ModelConfig, vocab_size: int,
-                     path: Path | str = "<checkpoint>") -> None:
+def check_compatible(
+    ckpt: dict[str, Any], cfg: ModelConfig, vocab_size: int, path: Path | str = "<checkpoint>"
+) -> None:
     """CheckpointError naming the first differing architecture key of model_config (or vocab)."""
     stored, own = ckpt["model_config"], dataclasses.asdict(cfg)
     for k in ARCH_KEYS:
         v = own[k]
         if k not in stored:
-            raise CheckpointError(f"{path}: model_config.{k} missing (checkpoint from another "
-                                  "version?)")
+            raise CheckpointError(
+                f"{path}: model_config.{k} missing (checkpoint from another version?)"
+            )
         if stored[k] != v:
-            raise CheckpointError(f"{path}: model_config.{k} is {stored[k]!r} in the checkpoint "
-                                  f"but {v!r} here (another architecture)")
+            raise CheckpointError(
+                f"{path}: model_config.{k} is {stored[k]!r} in the checkpoint "
+                f"but {v!r} here (another architecture)"
+            )
     if int(ckpt["vocab_size"]) != vocab_size:
-        raise CheckpointError(f"{path}: vocab_size is {ckpt['vocab_size']} in the checkpoint "
-                              f"but {vocab_size} here (another tokenizer)")
+        raise CheckpointError(
+            f"{path}: vocab_size is {ckpt['vocab_size']} in the checkpoint "
+            f"but {vocab_size} here (another tokenizer)"
+        )
 
 
 def step_path(ckpt_dir: Path, step: int) -> Path:

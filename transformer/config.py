@@ -68,7 +68,9 @@ class CleanConfig:
         and the evaluate metrics carry ("none": as released, as sacreBLEU reads the file)."""
         done = []
         if self.normalize_eval:
-            steps = [k for k in ("remove_control", "nfc", "normalize_whitespace") if getattr(self, k)]
+            steps = [
+                k for k in ("remove_control", "nfc", "normalize_whitespace") if getattr(self, k)
+            ]
             done.append(f"normalized ({', '.join(['line breaks', *steps])})")
         if self.filter_eval:
             done.append("filtered (empty, length, ratio, duplicates)")
@@ -131,8 +133,9 @@ class DownloadConfig:
             raise ConfigError(f"download.timeout must be > 0 seconds, got {self.timeout}")
         mirror = urlparse(self.mirror)
         if self.mirror and (mirror.scheme not in ("http", "https") or not mirror.netloc):
-            raise ConfigError(f"download.mirror must be an http(s)://host[:port] URL, "
-                              f"got {self.mirror!r}")
+            raise ConfigError(
+                f"download.mirror must be an http(s)://host[:port] URL, got {self.mirror!r}"
+            )
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -226,11 +229,29 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
         _choice("train.lr_decay", self.lr_decay, ("none", "linear", "cosine"))
-        _at_least("train", self, 1, "nproc", "max_tokens", "update_freq", "warmup_steps",
-                  "log_every_steps")
-        _at_least("train", self, 0, "max_steps", "time_budget_minutes", "clip_norm",
-                  "save_every_steps", "save_every_minutes", "keep_last", "valid_every_steps",
-                  "threads")
+        _at_least(
+            "train",
+            self,
+            1,
+            "nproc",
+            "max_tokens",
+            "update_freq",
+            "warmup_steps",
+            "log_every_steps",
+        )
+        _at_least(
+            "train",
+            self,
+            0,
+            "max_steps",
+            "time_budget_minutes",
+            "clip_norm",
+            "save_every_steps",
+            "save_every_minutes",
+            "keep_last",
+            "valid_every_steps",
+            "threads",
+        )
         if self.lr_scale <= 0:
             raise ConfigError(f"train.lr_scale must be > 0, got {self.lr_scale}")
         if self.max_steps < 1 and self.time_budget_minutes <= 0:
@@ -271,11 +292,14 @@ class DecodeConfig:
         _at_least("decode", self, 1, "beam_size", "batch_tokens")
         _at_least("decode", self, 0, "max_len_a", "max_len_b")
         if not 0 <= self.length_penalty <= MAX_ALPHA:  # NaN and inf too
-            raise ConfigError(f"decode.length_penalty must be in [0, {MAX_ALPHA:g}], "
-                              f"got {self.length_penalty}")
+            raise ConfigError(
+                f"decode.length_penalty must be in [0, {MAX_ALPHA:g}], got {self.length_penalty}"
+            )
         if self.max_len_a == 0 and self.max_len_b < 1:
-            raise ConfigError("decode.max_len_a and decode.max_len_b are both 0: no output "
-                              "could be longer than 0 tokens")
+            raise ConfigError(
+                "decode.max_len_a and decode.max_len_b are both 0: no output "
+                "could be longer than 0 tokens"
+            )
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -403,7 +427,9 @@ def load(cls: type[T], section: str, path: Path = PARAMS) -> T:
 def load_all(path: Path = PARAMS) -> dict[str, Any]:
     """Every section, validated: {name: dataclass instance}."""
     data = read_params(path)
-    return {name: _build(cls, data.get(name) or {}, name, str(path)) for name, cls in SECTIONS.items()}
+    return {
+        name: _build(cls, data.get(name) or {}, name, str(path)) for name, cls in SECTIONS.items()
+    }
 
 
 def merge(base: dict, over: dict) -> dict:

@@ -30,8 +30,12 @@ class CpuShare:
             return None
         user, nice, system, _idle, _iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
         hz, own = os.sysconf("SC_CLK_TCK"), os.times()
-        return (time.monotonic(), (user + nice + system + irq + softirq) / hz, steal / hz,
-                own.user + own.system)
+        return (
+            time.monotonic(),
+            (user + nice + system + irq + softirq) / hz,
+            steal / hz,
+            own.user + own.system,
+        )
 
     def sample(self) -> dict[str, float]:
         """{"others": cores, "steal": cores}, averaged since the last sample."""
@@ -46,9 +50,12 @@ class CpuShare:
     def warning(self, share: dict[str, float]) -> str | None:
         """A line to print when others took half a core or more (at most every 5 minutes)."""
         if share.get("others", 0.0) < self.WARN_CORES or (
-                time.monotonic() - self.warned < self.WARN_EVERY_S):
+            time.monotonic() - self.warned < self.WARN_EVERY_S
+        ):
             return None
         self.warned = time.monotonic()
-        return (f"warning: other processes used {share['others']:.1f} of {os.cpu_count()} cores "
-                "since the last log line; training that shares its cores runs several times "
-                "slower (README, 'The host's speed')")
+        return (
+            f"warning: other processes used {share['others']:.1f} of {os.cpu_count()} cores "
+            "since the last log line; training that shares its cores runs several times "
+            "slower (README, 'The host's speed')"
+        )

@@ -87,8 +87,9 @@ def beam_search(
         else:
             logits = dec.step_full(tokens, memory, src_pad_mask)
         # (N, 2k) each, brought to the CPU once a step (on a CPU: no copies)
-        top, beam, tok = (x.cpu() for x in candidates(logits, scores.to(logits.device),
-                                                        block_eos=t < min_len))
+        top, beam, tok = (
+            x.cpu() for x in candidates(logits, scores.to(logits.device), block_eos=t < min_len)
+        )
         N = len(rows)
         eos = tok.eq(EOS_ID) & top.isfinite()
         for n, j in eos[:, :k].nonzero().tolist():  # EOS among the k best: a finished hypothesis
@@ -247,8 +248,10 @@ class Translator:
         """Translate lines; an empty line gives an empty line."""
         units = self.tokenizer.get_vocab_size()
         if self.cfg.beam_size > units:  # top-k of more than the vocabulary: no such beams
-            raise DecodeError(f"beam size {self.cfg.beam_size} is more than the vocabulary's "
-                              f"{units} units (--beam-size / decode.beam_size)")
+            raise DecodeError(
+                f"beam size {self.cfg.beam_size} is more than the vocabulary's "
+                f"{units} units (--beam-size / decode.beam_size)"
+            )
         hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
         return [self.tokenizer.decode(h, skip_special_tokens=True) if h else "" for h in hyps]
 
@@ -276,8 +279,10 @@ def load_translator(
     tok = load_tokenizer(tokenizer_dir)
     device = device or pick_device()
     # one at a time: a Decoder is a copy, so only one member's loaded model is alive at once
-    decs = [Decoder(_load_model(p, tokenizer_dir, tok), precision, device)
-            for p in [model_path, *ensemble]]
+    decs = [
+        Decoder(_load_model(p, tokenizer_dir, tok), precision, device)
+        for p in [model_path, *ensemble]
+    ]
     dec = decs[0] if len(decs) == 1 else Ensemble(decs)
     return Translator(dec, tok, cfg, dec.max_positions)
 
@@ -339,12 +344,19 @@ def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> Non
         + " (1 = greedy); default: params decode.beam_size",
     )
     parser.add_argument(
-        "--length-penalty", type=float, help=f"GNMT alpha in [0, {config.MAX_ALPHA:g}]; default: params"
+        "--length-penalty",
+        type=float,
+        help=f"GNMT alpha in [0, {config.MAX_ALPHA:g}]; default: params",
     )
-    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"),
-                        help="default: params (int8: CPU only)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="where to decode; auto: the GPU when torch sees one, else the CPU")
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16", "int8"), help="default: params (int8: CPU only)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to decode; auto: the GPU when torch sees one, else the CPU",
+    )
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
@@ -357,10 +369,14 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     if any(k is not None and k < 1 for k in beams):  # the flag named, not the params key
         raise ConfigError(f"--beam-size must be >= 1, got {min(beams)}")
     if args.length_penalty is not None and not 0 <= args.length_penalty <= config.MAX_ALPHA:
-        raise ConfigError(f"--length-penalty must be in [0, {config.MAX_ALPHA:g}], "
-                          f"got {args.length_penalty}")
-    over = {"beam_size": beams[0], "length_penalty": args.length_penalty,
-            "precision": args.precision}
+        raise ConfigError(
+            f"--length-penalty must be in [0, {config.MAX_ALPHA:g}], got {args.length_penalty}"
+        )
+    over = {
+        "beam_size": beams[0],
+        "length_penalty": args.length_penalty,
+        "precision": args.precision,
+    }
     return replace(cfg, **{k: v for k, v in over.items() if v is not None})
 
 
@@ -370,8 +386,10 @@ def unpack(args: argparse.Namespace) -> None:
     if args.model.is_dir():
         pkg = args.model
         if not (pkg / "model.pt").is_file():
-            raise DecodeError(f"{pkg}: a folder without model.pt: not a package (--model takes a "
-                              "checkpoint file or a package folder)")
+            raise DecodeError(
+                f"{pkg}: a folder without model.pt: not a package (--model takes a "
+                "checkpoint file or a package folder)"
+            )
         args.model = pkg / "model.pt"
         args.tokenizer = args.tokenizer or pkg / "tokenizer"
         if args.params is None and (pkg / config.PARAMS.name).is_file():
@@ -387,13 +405,16 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--model", type=Path, required=True,
+        "--model",
+        type=Path,
+        required=True,
         help="checkpoint (trained or averaged), or a package folder (model.pt, tokenizer/, "
         "params.yaml: what `dvc artifacts get` fetches), whose tokenizer and decoding settings "
         "are then the defaults",
     )
-    parser.add_argument("--tokenizer", type=Path,
-                        help="tokenizer directory (required unless --model is a package)")
+    parser.add_argument(
+        "--tokenizer", type=Path, help="tokenizer directory (required unless --model is a package)"
+    )
     parser.add_argument(
         "-i", "--input", type=Path, help="source text, one sentence a line; default stdin"
     )
@@ -411,8 +432,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         unpack(args)
         cfg = decode_config(args)
-        tr = load_translator(args.model, args.tokenizer, cfg, cfg.precision, args.ensemble,
-                             pick_device(args.device))
+        tr = load_translator(
+            args.model, args.tokenizer, cfg, cfg.precision, args.ensemble, pick_device(args.device)
+        )
         lines = read_lines(args.input)
         write_lines(args.output, tr.translate(lines, not args.no_progress, args.on_long))
     except (DecodeError, CheckpointError, ConfigError, TokenizerError) as e:

@@ -80,15 +80,18 @@ def clean_part(
         src, tgt = (_checked(x, part, line_no) for x in (raw_src, raw_tgt))
         if not all(isinstance(x, (str, BadText)) for x in (src, tgt)):
             if src is not None or tgt is not None:  # (both None: the reader said why)
-                log.warning("%s: line %d: a value that is not text, pair dropped", part.name,
-                            line_no)
+                log.warning(
+                    "%s: line %d: a value that is not text, pair dropped", part.name, line_no
+                )
             counts.dropped["malformed"] += 1
             continue
         invalid = next((x for x in (src, tgt) if isinstance(x, BadText)), None)
         if invalid is not None:
             if not is_train:
-                raise DownloadError(f"{invalid}: the {split} set is never shortened; "
-                                    "replace the file (or fix that line)")
+                raise DownloadError(
+                    f"{invalid}: the {split} set is never shortened; "
+                    "replace the file (or fix that line)"
+                )
             bad += 1
             if bad <= MAX_LOGGED:
                 log.warning("%s, pair dropped", invalid)

@@ -158,8 +158,9 @@ def run(args: argparse.Namespace) -> dict:
     splits, beams = args.split or [ev.split], args.beam_size or [base.beam_size]
     langs = (dl.src_lang, dl.tgt_lang)
     runs = {}
-    tr = load_translator(args.model, args.tokenizer, base, base.precision, args.ensemble,
-                         pick_device(args.device))
+    tr = load_translator(
+        args.model, args.tokenizer, base, base.precision, args.ensemble, pick_device(args.device)
+    )
     for k in beams:
         tr = replace(tr, cfg=replace(base, beam_size=k))
         for split in splits:

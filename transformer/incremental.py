@@ -72,18 +72,27 @@ class Decoder:
     that it is converted too.
     """
 
-    def __init__(self, model: Transformer, precision: str = "fp32",
-                 device: torch.device | str | None = None, kernels: str = "auto"):
+    def __init__(
+        self,
+        model: Transformer,
+        precision: str = "fp32",
+        device: torch.device | str | None = None,
+        kernels: str = "auto",
+    ):
         if precision not in ("fp32", "bf16", "int8"):
             raise ConfigError(f"decode.precision must be fp32, bf16 or int8, got {precision!r}")
         self.device = torch.device(device) if device is not None else model.output_weight.device
         if kernels == "auto":
             kernels = "cpu" if self.device.type == "cpu" else "plain"
         if kernels not in ("cpu", "plain") or (kernels == "cpu" and self.device.type != "cpu"):
-            raise ValueError(f"kernels {kernels!r} on {self.device.type}: cpu (a CPU only) or plain")
+            raise ValueError(
+                f"kernels {kernels!r} on {self.device.type}: cpu (a CPU only) or plain"
+            )
         if precision == "int8" and kernels != "cpu":
-            raise ConfigError(f"decode.precision int8 (dynamic quantization) runs on a CPU only, "
-                              f"not on {self.device.type}: use bf16 or fp32 there")
+            raise ConfigError(
+                f"decode.precision int8 (dynamic quantization) runs on a CPU only, "
+                f"not on {self.device.type}: use bf16 or fp32 there"
+            )
         resolve_precision(precision, self.device, "decode.precision")  # bf16: native?
         self.precision, self.max_positions = precision, model.cfg.max_positions
         W = model.output_matrix().detach()  # (V', D); V' < V with model.output_vocab target
@@ -99,8 +108,9 @@ class Decoder:
                 # one scale per output row: the tied output projection's rows (the embeddings)
                 # differ in norm; per-tensor int8 lost up to 0.4 val BLEU on Multi30k, this 0.2
                 spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
-                qd = partial(torch.ao.quantization.quantize_dynamic, qconfig_spec=spec,
-                             dtype=torch.qint8)
+                qd = partial(
+                    torch.ao.quantization.quantize_dynamic, qconfig_spec=spec, dtype=torch.qint8
+                )
                 self.model, self.out = qd(self.model), qd(self.out)
         elif kernels == "plain":
             self.model.to(dtype=dtype)
@@ -131,8 +141,14 @@ class Decoder:
         bias = torch.zeros(src_pad_mask.shape, dtype=memory.dtype, device=memory.device)
         bias.masked_fill_(src_pad_mask, NEG_INF)  # (N, S)
         cap = steps if beam_size == 1 else 16
-        return {"t": 0, "k": beam_size, "cross": cross, "bias": bias[:, None, None], "self": [],
-                "cap": cap}
+        return {
+            "t": 0,
+            "k": beam_size,
+            "cross": cross,
+            "bias": bias[:, None, None],
+            "self": [],
+            "cap": cap,
+        }
 
     def step(self, y: Tensor, state: dict) -> Tensor:
         """Logits (N*k, V) after the new tokens y (N*k, 1), appending to the self-attention cache.
@@ -141,8 +157,9 @@ class Decoder:
         so the source side is neither copied per beam nor read k times.
         """
         x = self.model.embed_target(y.to(self.device), start=state["t"])  # (N*k, 1, D)
-        h = self.model.decoder_stack(x, partial(self._self_attn, state),
-                                     partial(self._cross_attn, state))
+        h = self.model.decoder_stack(
+            x, partial(self._self_attn, state), partial(self._cross_attn, state)
+        )
         state["t"] += 1
         return self.logits(h[:, -1])
 
@@ -182,7 +199,9 @@ class Ensemble:
 
     def __init__(self, decoders: list[Decoder]):
         if len({d.device for d in decoders}) > 1:
-            raise ValueError(f"an ensemble decodes on one device, not {[d.device for d in decoders]}")
+            raise ValueError(
+                f"an ensemble decodes on one device, not {[d.device for d in decoders]}"
+            )
         self.decoders, self.device = decoders, decoders[0].device
         self.max_positions = min(d.max_positions for d in decoders)
 
@@ -255,7 +274,8 @@ class SelfCache:
             self.spare = (torch.empty_like(self.k), torch.empty_like(self.v))
         R, old = index.numel(), (self.k, self.v)
         for src, dst in zip(old, self.spare):
-            torch.index_select(src.view(src.size(0), -1), 0, index,
-                               out=dst.view(dst.size(0), -1)[:R])
+            torch.index_select(
+                src.view(src.size(0), -1), 0, index, out=dst.view(dst.size(0), -1)[:R]
+            )
         self.k, self.v = (x[:R] for x in self.spare)
         self.spare = old

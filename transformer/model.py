@@ -33,8 +33,9 @@ def sinusoids(n_pos: int, d_model: int) -> Tensor:
     return pe  # (n_pos, D)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-              p_drop: float = 0.0) -> Tensor:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, p_drop: float = 0.0
+) -> Tensor:
     """Eq. 1 spelled out, with dropout on the weights (SDPA with dropout_p > 0 takes this math
     path on CPU too, but draws its mask with the slow Bernoulli sampler). QK^T and the softmax
     are fp32 under autocast, as in SDPA's fused kernels, so switching paths keeps the numerics."""
@@ -195,8 +196,10 @@ class Transformer(nn.Module):
         self.dec_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
         if (cfg.output_vocab == "target") != (output_ids is not None):
             state = "missing" if output_ids is None else "present"
-            raise ValueError(f"model.output_ids is {state} but model_config.output_vocab is "
-                             f"{cfg.output_vocab!r} (given exactly when it is target)")
+            raise ValueError(
+                f"model.output_ids is {state} but model_config.output_vocab is "
+                f"{cfg.output_vocab!r} (given exactly when it is target)"
+            )
         # a buffer, so that checkpoints carry it: decoding must never emit a unit never trained
         # as an output (its logit, an input embedding only, is meaningless there)
         self.register_buffer("output_ids", None if output_ids is None else output_ids.long())
@@ -220,8 +223,9 @@ class Transformer(nn.Module):
     def embed(self, emb: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
         end = start + ids.size(1)
         if end > self.cfg.max_positions:
-            raise ValueError(f"sequence length {end} exceeds model.max_positions "
-                             f"({self.cfg.max_positions})")
+            raise ValueError(
+                f"sequence length {end} exceeds model.max_positions ({self.cfg.max_positions})"
+            )
         x = emb(ids) * math.sqrt(self.cfg.d_model) + self.pe[start:end]  # (B, T, D)
         return dropout(x, self.cfg.dropout, self.training)  # §5.4 on embeddings + positions
 
@@ -246,8 +250,9 @@ class Transformer(nn.Module):
         """Embedded targets x (B, t, D) through the decoder layers and the final norm; each
         layer's attention comes from self_attn / cross_attn (see AttentionFn)."""
         for i, layer in enumerate(self.decoder):
-            x = layer(x, partial(self_attn, i, layer.self_attn),
-                      partial(cross_attn, i, layer.cross_attn))
+            x = layer(
+                x, partial(self_attn, i, layer.self_attn), partial(cross_attn, i, layer.cross_attn)
+            )
         return self.dec_norm(x)
 
     def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
@@ -274,8 +279,9 @@ class Transformer(nn.Module):
         memory, src_pad_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_pad_mask)
 
-    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float,
-             n_targets: int | None = None) -> tuple[Tensor, Tensor]:
+    def loss(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float, n_targets: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V.
 
         n_targets: tgt_out's count of non-pad targets, when the caller has it (counted on the host
@@ -285,8 +291,9 @@ class Transformer(nn.Module):
         h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
         keep = tgt_out.flatten().ne(PAD_ID)
         # boolean indexing would wait for the device to count the rows
-        pos = (keep.nonzero() if n_targets is None
-               else torch.nonzero_static(keep, size=n_targets)).squeeze(1)
+        pos = (
+            keep.nonzero() if n_targets is None else torch.nonzero_static(keep, size=n_targets)
+        ).squeeze(1)
         # (N, D), (N,): the V-sized GEMM skips padding
         h, target = h.flatten(0, 1).index_select(0, pos), tgt_out.flatten().index_select(0, pos)
         if self.output_ids is not None:  # ids -> rows of output_matrix()
@@ -298,4 +305,3 @@ class Transformer(nn.Module):
             elif bool(outside.any()):
                 raise ValueError(f"target unit {int(ids[outside][0])} is {why}")
         return output_loss(h, self.output_matrix(), target, eps, self.fused_loss)
-

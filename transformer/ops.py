@@ -86,7 +86,7 @@ class _OutputCE(torch.autograd.Function):
             chunk = _OutputCE.CHUNK_ELEMENTS_CPU if dev == "cpu" else _OutputCE.CHUNK_ELEMENTS_GPU
             rows = max(1, chunk // V)
             for i in range(0, h.size(0), rows):
-                hc, t = x_in[i:i + rows], target[i:i + rows, None]  # (n, D), (n, 1)
+                hc, t = x_in[i : i + rows], target[i : i + rows, None]  # (n, D), (n, 1)
                 x = (hc @ w.t()).float()  # (n, V)
                 mean = x.mean(dim=-1)  # -mean_v log p_v = lse - mean_v logit_v
                 nll = -x.gather(1, t).squeeze(1)
@@ -97,9 +97,13 @@ class _OutputCE(torch.autograd.Function):
                 loss += ((1.0 - eps) * nll + eps * (lse - mean)).sum()
                 nll_sum += nll.sum()
                 if grads:  # d loss / d logit = softmax - (1-eps)·onehot - eps/V
-                    g = x.div_(s).sub_(eps / V).scatter_add_(
-                        1, t, torch.full_like(x[:, :1], eps - 1.0)).to(dtype)
-                    dh[i:i + rows] = g @ w
+                    g = (
+                        x.div_(s)
+                        .sub_(eps / V)
+                        .scatter_add_(1, t, torch.full_like(x[:, :1], eps - 1.0))
+                        .to(dtype)
+                    )
+                    dh[i : i + rows] = g @ w
                     dw += g.t() @ hc  # (V, n) @ (n, D); addmm_ is no faster, and uncounted
         ctx.save_for_backward(dh, dw)
         ctx.mark_non_differentiable(nll_sum)  # for logging only
@@ -111,8 +115,9 @@ class _OutputCE(torch.autograd.Function):
         return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None
 
 
-def output_loss(h: Tensor, weight: Tensor, target: Tensor, eps: float,
-                fused: bool = True) -> tuple[Tensor, Tensor]:
+def output_loss(
+    h: Tensor, weight: Tensor, target: Tensor, eps: float, fused: bool = True
+) -> tuple[Tensor, Tensor]:
     """§5.4 label smoothing on the output projection: (loss_sum, nll_sum) of logits h @ weight.T.
 
     h (N, D) and target (N,) hold no padding; loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e.

@@ -35,14 +35,17 @@ class PackageError(ValueError):
     """Parts that do not belong together; the message names the files."""
 
 
-def package(model: Path, tokenizer_dir: Path, metrics: Path, params: dict[str, Any],
-            out_dir: Path) -> dict[str, Any]:
+def package(
+    model: Path, tokenizer_dir: Path, metrics: Path, params: dict[str, Any], out_dir: Path
+) -> dict[str, Any]:
     """Write out_dir; return its lineage record."""
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
     if want and want != got:
-        raise PackageError(f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
-                           f"{model} was trained with ({want[:12]})")
+        raise PackageError(
+            f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
+            f"{model} was trained with ({want[:12]})"
+        )
     try:
         scores = json.loads(Path(metrics).read_text())
     except (OSError, ValueError) as e:
@@ -50,8 +53,10 @@ def package(model: Path, tokenizer_dir: Path, metrics: Path, params: dict[str, A
     sha = sha256_file(model)
     scored = (scores.get("lineage") or {}).get("model_sha256")
     if scored != sha:
-        raise PackageError(f"{metrics} scores model {str(scored)[:12]}, not {model} "
-                           f"({sha[:12]}): run the evaluate stage first")
+        raise PackageError(
+            f"{metrics} scores model {str(scored)[:12]}, not {model} "
+            f"({sha[:12]}): run the evaluate stage first"
+        )
     with atomic_dir(Path(out_dir)) as tmp:
         _link(model, tmp / MODEL)
         (tmp / TOKENIZER).mkdir()
@@ -71,8 +76,11 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m transformer.package", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.package",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("model", type=Path, help="the averaged checkpoint")
     parser.add_argument("tokenizer", type=Path, help="tokenizer directory")
     parser.add_argument("metrics", type=Path, help="the evaluate stage's metrics JSON")
@@ -81,8 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config.load_all(args.params)  # validated before anything is written
-        out = package(args.model, args.tokenizer, args.metrics, config.read_params(args.params),
-                      args.out_dir)
+        out = package(
+            args.model, args.tokenizer, args.metrics, config.read_params(args.params), args.out_dir
+        )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"{args.out_dir}: BLEU {out.get('bleu')} ({out.get('split', 'test')})")

@@ -27,5 +27,6 @@ def resolve_precision(precision: str, device: torch.device, key: str) -> str:
         raise ConfigError(
             f"{key}: bf16 needs native bf16 matmuls (AVX-512 BF16 or AMX on a CPU); this "
             f"{device.type} has {cap}, where bf16 runs ~100x slower than fp32. Use fp32 (or int8 "
-            "to decode), or auto to train (bf16 where native)")
+            "to decode), or auto to train (bf16 where native)"
+        )
     return precision

@@ -32,8 +32,13 @@ class Report:
     cores other processes take (a shared CPU explains a slow run: logged, and warned of)."""
 
     def __init__(self, live_dir: Path | None, step: int, total: int, show: bool, cpu: bool):
-        self.bar = tqdm(total=total or None, initial=step, disable=not (show and dist.is_main()),
-                        unit="step", dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total or None,
+            initial=step,
+            disable=not (show and dist.is_main()),
+            unit="step",
+            dynamic_ncols=True,
+        )
         self.live, self.cpu = open_live(live_dir, step), CpuShare() if cpu else None
         self.since = time.monotonic()  # training time since the last log, for tokens/s
         self.metrics: dict[str, float] = {}
@@ -41,15 +46,23 @@ class Report:
     def train_metrics(self, taken: dict[str, float], lr: float, seconds: float) -> dict[str, float]:
         """The log point's train/* metrics from LossSums.take()."""
         dt, self.since = time.monotonic() - self.since, time.monotonic()
-        out = {"train/loss": taken["train/loss"], "train/nll": taken["train/nll"],
-               "train/lr": lr, "train/tokens_per_s": taken["tokens"] / dt, "train/seconds": seconds}
+        out = {
+            "train/loss": taken["train/loss"],
+            "train/nll": taken["train/nll"],
+            "train/lr": lr,
+            "train/tokens_per_s": taken["tokens"] / dt,
+            "train/seconds": seconds,
+        }
         if self.cpu is not None:
             share = self.cpu.sample()
             out.update({f"train/cpu_{k}": x for k, x in share.items()})
             if (warning := self.cpu.warning(share)) is not None:
                 self.bar.write(warning)
-        self.bar.set_postfix(loss=f"{out['train/loss']:.3f}", lr=f"{lr:.2e}",
-                             tok_s=f"{out['train/tokens_per_s']:.0f}")
+        self.bar.set_postfix(
+            loss=f"{out['train/loss']:.3f}",
+            lr=f"{lr:.2e}",
+            tok_s=f"{out['train/tokens_per_s']:.0f}",
+        )
         return out
 
     def pause(self) -> None:

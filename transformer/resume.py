@@ -22,9 +22,18 @@ from transformer.files import remove_partial_writes
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
 # only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
 # so that the result is always what a fresh run with today's params.yaml would give.
-RESUME_FREE_KEYS = frozenset({"max_steps", "time_budget_minutes", "valid_every_steps",
-                              "log_every_steps", "threads", "keep_last", "save_every_steps",
-                              "save_every_minutes"})
+RESUME_FREE_KEYS = frozenset(
+    {
+        "max_steps",
+        "time_budget_minutes",
+        "valid_every_steps",
+        "log_every_steps",
+        "threads",
+        "keep_last",
+        "save_every_steps",
+        "save_every_minutes",
+    }
+)
 
 
 UNREADABLE = "unreadable"  # the subfolder of CKPT_DIR where unreadable checkpoints are moved
@@ -55,13 +64,19 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
         have = ckpt.get(key)
         if key == "train_config" and isinstance(have, dict):
             # with a decay, max_steps / the budget shape the rate from the first step on
-            free = RESUME_FREE_KEYS if want["lr_decay"] == "none" else RESUME_FREE_KEYS - {
-                "max_steps", "time_budget_minutes"}
+            free = (
+                RESUME_FREE_KEYS
+                if want["lr_decay"] == "none"
+                else RESUME_FREE_KEYS - {"max_steps", "time_budget_minutes"}
+            )
             have = {k: v for k, v in have.items() if k not in free}
             want = {k: v for k, v in want.items() if k not in free}
         if have != want:
-            keys = sorted(k for k in want if have.get(k) != want[k]) if (
-                isinstance(have, dict) and isinstance(want, dict)) else []
+            keys = (
+                sorted(k for k in want if have.get(k) != want[k])
+                if (isinstance(have, dict) and isinstance(want, dict))
+                else []
+            )
             return None, f"{path}: {key} differs" + (f" {keys}" if keys else "")
     max_steps = meta["train_config"]["max_steps"]
     if 0 < max_steps < ckpt["step"]:  # fewer steps than done: only a fresh run gives that model
@@ -71,26 +86,38 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     if 0 < budget < (before or float("inf")) and 60 * budget < seconds:
         # a budget lowered below the time trained: a fresh run would stop sooner. (A finished
         # run's last checkpoint is always a little past its own budget: that is not lowered.)
-        return None, (f"{path}: {seconds:.0f} s of training are past the lowered "
-                      f"train.time_budget_minutes {budget:g}")
+        return None, (
+            f"{path}: {seconds:.0f} s of training are past the lowered "
+            f"train.time_budget_minutes {budget:g}"
+        )
     if "optimizer" not in ckpt:
         return None, f"{path}: not a training checkpoint (no optimizer state)"
     return path, ""
 
 
-def make_checkpoint(model, opt, scaler, meta, step, seconds, data,
-                    final: bool) -> dict[str, Any] | None:
+def make_checkpoint(
+    model, opt, scaler, meta, step, seconds, data, final: bool
+) -> dict[str, Any] | None:
     """The checkpoint dict on rank 0 (None elsewhere); every rank must call it (RNG gather)."""
-    rng = {"torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    rng = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
     rngs = dist.all_gather_object(rng)  # every rank's dropout stream, for an exact resume
     if not dist.is_main():
         return None
-    return {**meta, "model": model.state_dict(), "step": step, "train_seconds": seconds,
-            "final": final,  # the run's last: a resume at the same budget trains nothing
-            "optimizer": opt.state_dict(), "scheduler": {"step": step},
-            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-            "rng": rngs, "data": data}
+    return {
+        **meta,
+        "model": model.state_dict(),
+        "step": step,
+        "train_seconds": seconds,
+        "final": final,  # the run's last: a resume at the same budget trains nothing
+        "optimizer": opt.state_dict(),
+        "scheduler": {"step": step},
+        "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+        "rng": rngs,
+        "data": data,
+    }
 
 
 def write_checkpoint(ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int) -> Path:
@@ -116,14 +143,15 @@ def restore(ckpt: dict[str, Any], path: str, model, opt, scaler, sampler) -> tup
     return int(ckpt["step"]), float(ckpt["train_seconds"])
 
 
-def load_resume(ckpt_dir: Path, meta: dict[str, Any], resume: bool
-                ) -> tuple[dict[str, Any] | None, str]:
+def load_resume(
+    ckpt_dir: Path, meta: dict[str, Any], resume: bool
+) -> tuple[dict[str, Any] | None, str]:
     """(checkpoint, its path), or (None, ""): rank 0 picks it; every rank gets it (from disk, or
     broadcast if not shared). Only rank 0 looks: another rank could list a stale checkpoint as
     rank 0 removes it."""
     path = None
     if dist.is_main():
-        path, why = (find_resume(ckpt_dir, meta) if resume else (None, "--resume not given"))
+        path, why = find_resume(ckpt_dir, meta) if resume else (None, "--resume not given")
         remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
         stale = checkpoint.list_checkpoints(ckpt_dir)
         if path is None and stale:  # a fresh run: older checkpoints would mix into averaging

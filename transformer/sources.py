@@ -82,8 +82,10 @@ def parts_for(cfg: DownloadConfig, split: str) -> list[Part]:
                 f"download.splits.{split}[{i}].format: unknown {spec.format!r} "
                 f"(valid: {', '.join(FORMATS)})"
             )
-    return [Part(_name(spec, cfg), functools.partial(_records, cfg, spec, split != "train"))
-            for spec in specs]
+    return [
+        Part(_name(spec, cfg), functools.partial(_records, cfg, spec, split != "train"))
+        for spec in specs
+    ]
 
 
 def _hf_specs(cfg: DownloadConfig, split: str, specs: list[SourceSpec]) -> list[SourceSpec]:
@@ -91,10 +93,14 @@ def _hf_specs(cfg: DownloadConfig, split: str, specs: list[SourceSpec]) -> list[
     so `download.source: hf` alone switches a wmt14 preset to its Hub copy."""
     hf = [s for s in specs if s.format == "hf"]
     if len(hf) < len(specs):
-        log.info("download.source is hf: the %d non-hf part(s) in download.splits.%s do not "
-                 "apply; reading %s", len(specs) - len(hf), split,
-                 ", ".join(_name(s, cfg) for s in hf) or
-                 f"{cfg.hf_path} ({cfg.hf_name}, split {HF_SPLITS[split]})")
+        log.info(
+            "download.source is hf: the %d non-hf part(s) in download.splits.%s do not "
+            "apply; reading %s",
+            len(specs) - len(hf),
+            split,
+            ", ".join(_name(s, cfg) for s in hf)
+            or f"{cfg.hf_path} ({cfg.hf_name}, split {HF_SPLITS[split]})",
+        )
     return hf or [SourceSpec(format="hf", hf_split=HF_SPLITS[split])]
 
 
@@ -158,12 +164,15 @@ def _locate(cfg: DownloadConfig, spec: SourceSpec) -> list[Path]:
     if not all(names):
         raise SourceError(f"a {spec.format} part needs path (or src and tgt): {spec}")
     if two and names[0] == names[1]:
-        raise SourceError(f"{spec.path}: source and target are the same file; put {{lang}} in "
-                          f"{'src' if archived else 'it'}")
+        raise SourceError(
+            f"{spec.path}: source and target are the same file; put {{lang}} in "
+            f"{'src' if archived else 'it'}"
+        )
     if archived:
         archive = _fetch(cfg, spec.path, spec.sha256)
-        return wmt.extract(archive, names,
-                           wmt.extraction_dir(archive, Path(cfg.cache_dir) / "extracted"))
+        return wmt.extract(
+            archive, names, wmt.extraction_dir(archive, Path(cfg.cache_dir) / "extracted")
+        )
     single = spec.sha256 if len(set(names)) == 1 or not two else ""
     return [_fetch(cfg, n, single) for n in names]
 
@@ -225,8 +234,9 @@ def _segments(path: Path) -> Iterator[tuple[int, str | BadText]]:
         yield n, line
 
 
-def _aligned(files: list[Path], read: Callable[[Path], Iterator[tuple[int, Side]]],
-             unit: str) -> Iterator[Record]:
+def _aligned(
+    files: list[Path], read: Callable[[Path], Iterator[tuple[int, Side]]], unit: str
+) -> Iterator[Record]:
     src, tgt = files
     n = 0
     try:

@@ -70,12 +70,24 @@ class WithLoss(nn.Module):
 class Learner:
     """The model, its DDP wrapper, Adam (§5.3) and the fp16 loss scaler: what an update changes."""
 
-    def __init__(self, mcfg: ModelConfig, tcfg: TrainConfig, vocab: int, ids: Tensor | None,
-                 device: torch.device, precision: str):
+    def __init__(
+        self,
+        mcfg: ModelConfig,
+        tcfg: TrainConfig,
+        vocab: int,
+        ids: Tensor | None,
+        device: torch.device,
+        precision: str,
+    ):
         self.cfg, self.device = tcfg, device
         self.model = Transformer(mcfg, vocab, ids).to(device)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=tuple(tcfg.adam_betas),
-                                    eps=tcfg.adam_eps, fused=tcfg.fused_adam or None)
+        self.opt = torch.optim.Adam(
+            self.model.parameters(),
+            lr=0.0,
+            betas=tuple(tcfg.adam_betas),
+            eps=tcfg.adam_eps,
+            fused=tcfg.fused_adam or None,
+        )
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.ddp = dist.wrap(WithLoss(self.model), device)
@@ -95,8 +107,9 @@ class Learner:
             sync = contextlib.nullcontext() if last or not dist.is_dist() else self.ddp.no_sync()
             with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
                 with self.autocast():
-                    loss, nll = self.ddp(*to_device(b, self.device), self.cfg.label_smoothing,
-                                         n_targets(b))
+                    loss, nll = self.ddp(
+                        *to_device(b, self.device), self.cfg.label_smoothing, n_targets(b)
+                    )
                 # DDP averages over ranks: x world / n_tokens gives the per-token mean gradient
                 self.scaler.scale(loss * (dist.world_size() / n_tokens)).backward()
             sums += torch.stack([loss.detach().double(), nll.detach().double()])
@@ -146,8 +159,10 @@ class LossSums:
         self.sums.zero_()
         if not math.isfinite(loss):  # every rank reads the same sum: all stop together
             steps = f"{self.read_at + 1}-{step}" if step > self.read_at + 1 else f"{step}"
-            raise NonFiniteLoss(f"non-finite loss ({loss}) at step {steps}; stopping before any "
-                                "checkpoint of it is written")
+            raise NonFiniteLoss(
+                f"non-finite loss ({loss}) at step {steps}; stopping before any "
+                "checkpoint of it is written"
+            )
         self.read_at, self.loss, self.nll = step, self.loss + loss, self.nll + nll
 
     def take(self) -> dict[str, float]:
@@ -162,15 +177,17 @@ class LossSums:
 def validate(model: Transformer, dataset, cfg: TrainConfig, device, autocast) -> dict[str, float]:
     """Label-smoothed loss, NLL and perplexity per target token on a split, summed over ranks."""
     model.eval()
-    sampler = BatchSampler(dataset.src_lens, dataset.tgt_lens, cfg.max_tokens, cfg.seed,
-                           shuffle=False)
+    sampler = BatchSampler(
+        dataset.src_lens, dataset.tgt_lens, cfg.max_tokens, cfg.seed, shuffle=False
+    )
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     for idx in list(sampler)[dist.rank() :: dist.world_size()]:  # each rank a disjoint share
         b = collate([dataset[j] for j in idx])
         tgt_out = b.tgt_out.to(device)
         with autocast():
-            loss, nll = model.loss(b.src.to(device), b.tgt_in.to(device), tgt_out,
-                                   cfg.label_smoothing)
+            loss, nll = model.loss(
+                b.src.to(device), b.tgt_in.to(device), tgt_out, cfg.label_smoothing
+            )
         sums += torch.stack([loss.double(), nll.double(), tgt_out.ne(PAD_ID).sum().double()])
     loss, nll, n = dist.all_reduce_sum(sums).tolist()
     model.train()
@@ -189,9 +206,16 @@ def output_ids(mcfg: ModelConfig, vocab: int, *splits: PairDataset) -> torch.Ten
     return ids
 
 
-def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConfig,
-          tcfg: TrainConfig, live_dir: Path | None = None, resume: bool = False,
-          progress_bar: bool = True) -> dict[str, Any]:
+def train(
+    shards_dir: Path,
+    tokenizer_dir: Path,
+    ckpt_dir: Path,
+    mcfg: ModelConfig,
+    tcfg: TrainConfig,
+    live_dir: Path | None = None,
+    resume: bool = False,
+    progress_bar: bool = True,
+) -> dict[str, Any]:
     """Train to max_steps / the time budget; returns the final step, seconds and metrics."""
     allocator.keep_freed_memory()
     rank, world, device = dist.init()
@@ -207,18 +231,29 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     # a re-run of BPE-dropout, and a resume on other pairs is not the run params.yaml describes.
     # With model.output_vocab target the softmax's units come from the valid targets too.
     ids = output_ids(mcfg, vocab, train_set, valid_set)
-    meta = {"model_config": dataclasses.asdict(mcfg), "vocab_size": vocab, "world_size": world,
-            "tokenizer_sha256": sha, "train_config": dataclasses.asdict(tcfg),
-            "train_shards": [s["sha256"] for s in train_set.index["shards"]],
-            "output_ids": None if ids is None else ids.tolist()}
+    meta = {
+        "model_config": dataclasses.asdict(mcfg),
+        "vocab_size": vocab,
+        "world_size": world,
+        "tokenizer_sha256": sha,
+        "train_config": dataclasses.asdict(tcfg),
+        "train_shards": [s["sha256"] for s in train_set.index["shards"]],
+        "output_ids": None if ids is None else ids.tolist(),
+    }
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     learner = Learner(mcfg, tcfg, vocab, ids, device, precision)
     model, opt, scaler = learner.model, learner.opt, learner.scaler
     ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
-    sampler = BatchSampler(train_set.src_lens, train_set.tgt_lens, tcfg.max_tokens, tcfg.seed,
-                           rank=rank, world_size=world)
+    sampler = BatchSampler(
+        train_set.src_lens,
+        train_set.tgt_lens,
+        tcfg.max_tokens,
+        tcfg.seed,
+        rank=rank,
+        world_size=world,
+    )
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
@@ -258,7 +293,8 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
     # checkpoints only): log where it stands, so that the stage's metrics and plots exist again.
     # Rank 0 decides: every rank must join validate's all-reduce, or none.
     if not report.metrics and dist.broadcast_object(
-            report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))):
+        report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
+    ):
         v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
     report.close()
@@ -266,24 +302,38 @@ def train(shards_dir: Path, tokenizer_dir: Path, ckpt_dir: Path, mcfg: ModelConf
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m transformer.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("shards", type=Path, help="shard directory (train/ and valid/ inside)")
     parser.add_argument("tokenizer", type=Path, help="tokenizer directory")
     parser.add_argument("ckpt_dir", type=Path, help="where step_XXXXXXXX.pt files are written")
     parser.add_argument("--live", type=Path, help="dvclive directory (metrics and plots)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint of the same config in ckpt_dir "
-                             "(without it, or when the config differs, the checkpoints already "
-                             "in ckpt_dir are removed and training starts fresh)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint of the same config in ckpt_dir "
+        "(without it, or when the config differs, the checkpoints already "
+        "in ckpt_dir are removed and training starts fresh)",
+    )
     parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
         mcfg = config.load(ModelConfig, "model", args.params)
         tcfg = config.load(TrainConfig, "train", args.params)
-        out = train(args.shards, args.tokenizer, args.ckpt_dir, mcfg, tcfg, args.live,
-                    args.resume, not args.no_progress)
+        out = train(
+            args.shards,
+            args.tokenizer,
+            args.ckpt_dir,
+            mcfg,
+            tcfg,
+            args.live,
+            args.resume,
+            not args.no_progress,
+        )
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
     except (ConfigError, CheckpointError, NonFiniteLoss, DataError, TokenizerError, OSError) as e:
         sys.exit(f"error: {e}")

@@ -47,8 +47,9 @@ def mirrored(url: str, mirror: str) -> str:
     any) put before its own, e.g. https://www.statmt.org/wmt14/dev.tgz on http://127.0.0.1:8000
     is http://127.0.0.1:8000/wmt14/dev.tgz."""
     u, m = urlparse(url), urlparse(mirror)
-    return urlunparse(u._replace(scheme=m.scheme, netloc=m.netloc,
-                                 path=m.path.rstrip("/") + u.path))
+    return urlunparse(
+        u._replace(scheme=m.scheme, netloc=m.netloc, path=m.path.rstrip("/") + u.path)
+    )
 
 
 def is_archive(where: str) -> bool:
@@ -81,8 +82,12 @@ def fetch(
             return dest
         if not sha256 and not _changed(url, dest, retries, backoff, timeout):
             return dest
-        log.warning("%s: the cached %s %s; downloading it again", url, dest,
-                    f"does not match sha256 {sha256}" if sha256 else "changed upstream")
+        log.warning(
+            "%s: the cached %s %s; downloading it again",
+            url,
+            dest,
+            f"does not match sha256 {sha256}" if sha256 else "changed upstream",
+        )
         dest.unlink()
         part.unlink(missing_ok=True)  # a part of the old version cannot continue into the new
     cache.mkdir(parents=True, exist_ok=True)
@@ -105,8 +110,11 @@ def _retrying(url: str, retries: int, backoff: float, attempt, part: Path | None
             return attempt()
         except _Transient as e:
             if n == retries:
-                kept = (f"{part} keeps what arrived and the next run resumes it"
-                        if part and part.exists() and part.stat().st_size else "nothing arrived")
+                kept = (
+                    f"{part} keeps what arrived and the next run resumes it"
+                    if part and part.exists() and part.stat().st_size
+                    else "nothing arrived"
+                )
                 raise SourceError(
                     f"{url}: download failed after {retries + 1} attempts ({e}); {kept}"
                 ) from None
@@ -128,8 +136,14 @@ def _changed(url: str, dest: Path, retries: int, backoff: float, timeout: float)
         saved = json.loads(_validators_file(dest).read_text())
     except (OSError, ValueError):
         return False
-    headers = {k: v for k, v in (("If-None-Match", saved.get("etag")),
-                                 ("If-Modified-Since", saved.get("last_modified"))) if v}
+    headers = {
+        k: v
+        for k, v in (
+            ("If-None-Match", saved.get("etag")),
+            ("If-Modified-Since", saved.get("last_modified")),
+        )
+        if v
+    }
     if not headers:
         return False
 
@@ -156,8 +170,10 @@ def _get(url: str, part: Path, timeout: float) -> dict[str, str | None]:
     headers = {"Range": f"bytes={have}-"} if have else {}
     try:
         with requests.get(url, headers=headers, stream=True, timeout=timeout) as r:
-            validators = {"etag": r.headers.get("ETag"),
-                          "last_modified": r.headers.get("Last-Modified")}
+            validators = {
+                "etag": r.headers.get("ETag"),
+                "last_modified": r.headers.get("Last-Modified"),
+            }
             if r.status_code == 416 and have:  # nothing after byte `have`: already complete
                 return validators
             if r.status_code >= 500 or r.status_code == 429:
