@@ -164,6 +164,22 @@ def dvc(project: Path, log: Path, *args: str) -> Run:
     return Run([str(BIN / "dvc"), *args], project, log)
 
 
+def row(what: str, project: Path, log: Path, *args: str) -> dict:
+    """`dvc ARGS` in the project, measured: one row of the table."""
+    r = dvc(project, log, *args)
+    before, after = r.dvc_overhead()
+    return {
+        "what": what,
+        "wall_s": r.wall,
+        "dvc_before_s": before,
+        "dvc_after_s": after,
+        "stage_rss": r.stage_rss,
+        "tree_rss": r.tree_peak,
+        "load": r.load,
+        **disk(project),
+    }
+
+
 def make_project(project: Path, defaults: bool) -> None:
     """This checkout's files (tracked and untracked, not ignored) as a fresh git repository."""
     if project.exists():
@@ -267,21 +283,9 @@ def base(args, project: Path, url: str, log: Path) -> list[dict]:
     )
     rows = []
     for stage in STAGES[: STAGES.index(args.until) + 1]:
-        r = dvc(project, log, "repro", "--single-item", stage)
-        before, after = r.dvc_overhead()
-        rows.append(
-            {
-                "what": stage,
-                "wall_s": r.wall,
-                "dvc_before_s": before,
-                "dvc_after_s": after,
-                "stage_rss": r.stage_rss,
-                "tree_rss": r.tree_peak,
-                "load": r.load,
-                **disk(project),
-            }
-        )
-        print(f"{stage}: {r.wall:.0f} s, peak RSS {r.stage_rss / GiB:.2f} GiB", flush=True)
+        rows.append(row(stage, project, log, "repro", "--single-item", stage))
+        wall, rss = rows[-1]["wall_s"], rows[-1]["stage_rss"]
+        print(f"{stage}: {wall:.0f} s, peak RSS {rss / GiB:.2f} GiB", flush=True)
     checks = [("dvc status", ["status"]), ("dvc status (again)", ["status"])]
     if args.until == STAGES[-1]:
         checks += [
@@ -289,20 +293,7 @@ def base(args, project: Path, url: str, log: Path) -> list[dict]:
             ("train start, checkpoints present", ["repro", "--force", "--single-item", "train"]),
         ]
     for what, cmd in checks:
-        r = dvc(project, log, *cmd)
-        before, after = r.dvc_overhead()
-        rows.append(
-            {
-                "what": what,
-                "wall_s": r.wall,
-                "dvc_before_s": before,
-                "dvc_after_s": after,
-                "stage_rss": r.stage_rss,
-                "tree_rss": r.tree_peak,
-                "load": r.load,
-                **disk(project),
-            }
-        )
+        rows.append(row(what, project, log, *cmd))
     return rows
 
 
@@ -385,21 +376,8 @@ def big(args, project: Path, log: Path) -> list[dict]:
         ("dvc status", ["status"]),
         ("no-op dvc repro average", ["repro", "--single-item", "average"]),
     ):
-        r = dvc(project, log, *cmd)
-        before, after = r.dvc_overhead()
-        rows.append(
-            {
-                "what": what,
-                "wall_s": r.wall,
-                "dvc_before_s": before,
-                "dvc_after_s": after,
-                "stage_rss": r.stage_rss,
-                "tree_rss": r.tree_peak,
-                "load": r.load,
-                "rss_per_checkpoint": r.stage_rss / one,
-                **disk(project),
-            }
-        )
+        rows.append(row(what, project, log, *cmd))
+        rows[-1]["rss_per_checkpoint"] = rows[-1]["stage_rss"] / one
     from transformer import checkpoint
 
     averaged = checkpoint.load(project / "data" / "model.pt", mmap=True)["averaged"]

@@ -12,11 +12,10 @@ heartbeats; the crash-recovery automations are installed too.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from flows import automations
-from flows.serve import RETRAIN_CRON, specs
+from flows.serve import RETRAIN_CRON, recipe_args, specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,22 +49,7 @@ def deploy(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.deploy",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--pool", required=True, help="a work pool of type process")
-    parser.add_argument("--cron", default=RETRAIN_CRON, help="the retrain schedule")
-    parser.add_argument("--retrain-preset", default="demo", help="the retrain recipe's preset")
-    parser.add_argument(
-        "--retrain-override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an override of the retrain recipe (repeatable)",
-    )
-    args = parser.parse_args(argv)
+    args = recipe_args(argv, "python -m flows.deploy", __doc__)
     for name in deploy(args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override):
         print(f"deployment {name} on work pool {args.pool}")
 

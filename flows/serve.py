@@ -66,12 +66,8 @@ def deployments(
     ]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.serve",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    """The retrain deployment's schedule and recipe (serve's and deploy's flags)."""
     parser.add_argument(
         "--cron",
         default=os.environ.get("RETRAIN_CRON", RETRAIN_CRON),
@@ -89,11 +85,31 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY=VALUE",
         help="an override of the retrain recipe (repeatable), e.g. train.max_steps=2000",
     )
-    args = parser.parse_args(argv)
-    for override in args.retrain_override:  # a typo fails here, not at 03:00 on Monday
-        from flows.shell import check_override
 
-        check_override(override)
+
+def recipe_args(argv: list[str] | None, prog: str, doc: str) -> argparse.Namespace:
+    """The command line of `prog` (serve or deploy): its flags, the recipe's overrides checked
+    against params.yaml's schema (a typo fails here, not at 03:00 on Monday)."""
+    from flows.shell import check_override
+    from transformer.config import ConfigError
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if prog.endswith("deploy"):
+        parser.add_argument("--pool", required=True, help="a work pool of type process")
+    add_recipe_args(parser)
+    args = parser.parse_args(argv)
+    for override in args.retrain_override:
+        try:
+            check_override(override)
+        except ConfigError as e:
+            parser.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = recipe_args(argv, "python -m flows.serve", __doc__)
     automations.install(automations.HEARTBEAT_S)
     print(
         "retrain recipe: "

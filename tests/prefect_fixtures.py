@@ -23,7 +23,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SERVED = "polling for scheduled runs"  # what `serve` prints once its deployments exist
+SERVED = "polling for scheduled runs"
+DVC = (
+    sys.executable,
+    "-m",
+    "dvc",
+)  # the venv's dvc  # what `serve` prints once its deployments exist
 
 TOY_STAGES = r"""
 import hashlib, json, os, pathlib, shutil, sys, time
@@ -367,3 +372,13 @@ def wait_until(what: str, check, timeout: float = 600.0):
             return found
         time.sleep(0.2)
     raise AssertionError(f"gave up waiting for {what}")
+
+
+def fetch_champion(project: Path, tmp_path: Path) -> Path:
+    """A fresh clone of `project` and, in it, `dvc artifacts get . transformer --stage prod -o
+    champion`, as the README says; the clone."""
+    fresh = tmp_path / "fresh"
+    sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
+    dvc = (sys.executable, "-m", "dvc")
+    sh(*dvc, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "champion", cwd=fresh)
+    return fresh

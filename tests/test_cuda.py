@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_decode import copy_model, empty_params, model_files, sources  # noqa: F401 (fixtures)
+from test_decode import copy_model, model_files, sources, translate_file  # noqa: F401
 from test_train import MODEL, TRAIN, kill_and_resume, write_params
 
-from transformer import checkpoint, decode, precision, shard, tokenizer, train
+from transformer import checkpoint, precision, shard, tokenizer, train
 from transformer.clock import Clock
 from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
@@ -98,30 +98,15 @@ def test_bf16_decoding_on_the_gpu_mostly_agrees(copy_model, sources):  # noqa: F
 
 def test_translate_cli_on_the_gpu(model_files, tmp_path):  # noqa: F811
     model, tok = model_files
-    src, outs = tmp_path / "in.txt", []
+    src = tmp_path / "in.txt"
     src.write_text("the cat sat\n\nwe read a book\n")
-    for device in ("cpu", "cuda"):
-        outs.append(tmp_path / f"{device}.txt")
-        decode.main(
-            [
-                "--model",
-                str(model),
-                "--tokenizer",
-                str(tok),
-                "-i",
-                str(src),
-                "-o",
-                str(outs[-1]),
-                "--beam-size",
-                "2",
-                "--no-progress",
-                "--device",
-                device,
-                "--params",
-                str(empty_params(tmp_path)),
-            ]
+    cpu, gpu = (
+        translate_file(
+            model, tok, src, tmp_path / f"{device}.txt", "--beam-size", "2", "--device", device
         )
-    assert outs[0].read_text() == outs[1].read_text()
+        for device in ("cpu", "cuda")
+    )
+    assert cpu == gpu
 
 
 @pytest.mark.parametrize("fused", [True, False])

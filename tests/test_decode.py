@@ -235,27 +235,9 @@ def test_cli_translates_a_file(model_files, tmp_path):
     model, tok = model_files
     src = tmp_path / "in.txt"
     src.write_text("the cat sat\n\nwe read a book\n")
-    out = tmp_path / "out.txt"
-    decode.main(
-        [
-            "--model",
-            str(model),
-            "--tokenizer",
-            str(tok),
-            "-i",
-            str(src),
-            "-o",
-            str(out),
-            "--beam-size",
-            "1",
-            "--no-progress",
-            "--device",
-            "cpu",
-            "--params",
-            str(empty_params(tmp_path)),
-        ]
+    lines = translate_file(
+        model, tok, src, tmp_path / "out.txt", "--beam-size", "1", "--device", "cpu"
     )
-    lines = out.read_text().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
 
 
@@ -263,28 +245,13 @@ def test_cli_ensemble_of_a_model_with_itself_translates_as_the_model(model_files
     model, tok = model_files
     src = tmp_path / "in.txt"
     src.write_text("the cat sat\nwe read a book\ntwo cats and a dog\n")
-    outs = []
-    for extra in ([], ["--ensemble", str(model), str(model)]):
-        outs.append(tmp_path / f"out{len(extra)}.txt")
-        decode.main(
-            [
-                "--model",
-                str(model),
-                "--tokenizer",
-                str(tok),
-                "-i",
-                str(src),
-                "-o",
-                str(outs[-1]),
-                "--beam-size",
-                "2",
-                "--no-progress",
-                "--params",
-                str(empty_params(tmp_path)),
-                *extra,
-            ]
+    outs = [
+        translate_file(
+            model, tok, src, tmp_path / f"out{len(extra)}.txt", "--beam-size", "2", *extra
         )
-    assert outs[0].read_text() == outs[1].read_text() and outs[0].read_text().strip()
+        for extra in ([], ["--ensemble", str(model), str(model)])
+    ]
+    assert outs[0] == outs[1] and outs[0][0].strip()
     other = checkpoint.load(model)
     other["vocab_size"] += 1
     checkpoint.save(tmp_path / "wider.pt", other)
@@ -330,6 +297,13 @@ def empty_params(d: Path) -> Path:
     """A params file with no sections: every setting at its default (the paper's decoding)."""
     (d / "empty.yaml").write_text("")
     return d / "empty.yaml"
+
+
+def translate_file(model: Path, tok: Path, src: Path, out: Path, *extra: str) -> list[str]:
+    """The translate CLI on file `src` into `out`, default settings but for `extra`; its lines."""
+    args = ["--model", str(model), "--tokenizer", str(tok), "-i", str(src), "-o", str(out)]
+    decode.main([*args, "--no-progress", "--params", str(empty_params(out.parent)), *extra])
+    return out.read_text().split("\n")
 
 
 def test_bad_cli_overrides_name_the_flag(tmp_path):

@@ -16,11 +16,13 @@ import psutil
 import pytest
 from prefect import flow
 from prefect_fixtures import (
+    DVC,
     artifact,
     client,
     copy_toy,
     deployment_run,
     dvc_json,
+    fetch_champion,
     make_toy,
     run_id,
     run_logs,
@@ -91,17 +93,7 @@ def project(
     tests below, in order: demo run, retraining, a failed run, manual experiments through the
     gate, a fresh clone, and last the killed serve process."""
     toy = copy_toy(toy_template, tmp_path_factory.mktemp("served") / "toy")
-    sh(
-        sys.executable,
-        "-m",
-        "dvc",
-        "remote",
-        "add",
-        "-d",
-        "store",
-        str(toy.parent / "remote"),
-        cwd=toy,
-    )
+    sh(*DVC, "remote", "add", "-d", "store", str(toy.parent / "remote"), cwd=toy)
     sh("git", "commit", "-qam", "a DVC remote", cwd=toy)
     env = {**{k: str(v) for k, v in controls.items()}, "TOY_CORPUS": str(toy.parent / "corpus")}
     saved = os.environ.get("TOY_CORPUS")
@@ -553,22 +545,7 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
 def test_the_champion_from_a_fresh_clone(project, tmp_path: Path) -> None:
     """git clone + `dvc artifacts get . transformer --stage prod` (the DVC remote holds it)."""
     toy = project.path
-    fresh = tmp_path / "fresh"
-    sh("git", "clone", "-q", str(toy), str(fresh), cwd=tmp_path)
-    sh(
-        sys.executable,
-        "-m",
-        "dvc",
-        "artifacts",
-        "get",
-        ".",
-        "transformer",
-        "--stage",
-        "prod",
-        "-o",
-        "champion",
-        cwd=fresh,
-    )
+    fresh = fetch_champion(toy, tmp_path)
     lineage_file = json.loads((fresh / "champion/lineage.json").read_text())
     assert lineage_file["bleu"] == 90.0
     assert (fresh / "champion/model.pt").read_text().startswith("900 ")

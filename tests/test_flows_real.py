@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 from prefect_fixtures import (
+    DVC,
     ROOT,
     artifact,
     client,
     deployment_run,
     dvc_json,
+    fetch_champion,
     git_init,
     run_id,
     run_logs,
@@ -56,17 +58,7 @@ def checkout(tmp_path: Path) -> Path:
     ).stdout
     subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
     git_init(project)
-    sh(
-        sys.executable,
-        "-m",
-        "dvc",
-        "remote",
-        "add",
-        "-d",
-        "store",
-        str(tmp_path / "remote"),
-        cwd=project,
-    )
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
     sh("git", "add", "-A", cwd=project)
     sh("git", "commit", "-qm", "checkout", cwd=project)
     return project
@@ -156,22 +148,7 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     out = sh(sys.executable, "-m", "flows.promote", exp, cwd=project, env=prefect_server)
     assert "promoted as v1.0.0: no champion yet" in out
     # another machine: a fresh clone fetches the champion and translates with it
-    fresh = tmp_path / "fresh"
-    sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
-    sh(
-        sys.executable,
-        "-m",
-        "dvc",
-        "artifacts",
-        "get",
-        ".",
-        "transformer",
-        "--stage",
-        "prod",
-        "-o",
-        "champion",
-        cwd=fresh,
-    )
+    fresh = fetch_champion(project, tmp_path)
     src = "Lena bought 28 apples.\n\nThe meeting is at 3:35 PM.\n"
     (fresh / "in.txt").write_text(src)
     sh(

@@ -115,6 +115,12 @@ print(rss() - before)
 """
 
 
+def python(code: str, env: dict[str, str], *args: str) -> str:
+    """`python -c CODE ARGS` in a fresh process with `env` (an allocator preloaded): its stdout."""
+    cmd = [sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux allocators, /proc")
 @pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
 def test_keep_freed_memory_keeps_freed_blocks(allocator):
@@ -126,19 +132,7 @@ def test_keep_freed_memory_keeps_freed_blocks(allocator):
         if not JEMALLOC:
             pytest.skip("libjemalloc.so.2 not installed (apt-get install libjemalloc2)")
         env["LD_PRELOAD"] = str(JEMALLOC[0])
-    held = {
-        mode: int(
-            subprocess.run(
-                [sys.executable, "-c", HOLD, mode],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-            ).stdout
-        )
-        for mode in ("default", "keep")
-    }
+    held = {mode: int(python(HOLD, env, mode)) for mode in ("default", "keep")}
     assert held["default"] < 16, held  # the 64 MiB went back to the OS
     assert held["keep"] >= 60, held
 
@@ -168,13 +162,6 @@ def test_keep_freed_memory_still_lets_jemalloc_purge_small_blocks():
     off everywhere, attention dropout's many tensor sizes fragmented the heap until a training
     run filled the machine (allocator.jemalloc_keep)."""
     env = {**os.environ, "LD_PRELOAD": str(JEMALLOC[0])}
-    out = subprocess.run(
-        [sys.executable, "-c", DECAYS],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout
+    out = python(DECAYS, env)
     small_dirty, small_muzzy, huge = map(int, out.split())
     assert small_dirty > 0 and small_muzzy == -1 and huge == -1, out
