@@ -53,7 +53,7 @@ from wmt_corpus import ROOT
 sys.path.insert(0, str(ROOT))
 from transformer.config import load_all
 
-STAGES = ("download", "tokenizer", "shard", "train", "average", "evaluate")
+STAGES = ("download", "tokenizer", "shard", "train", "average", "evaluate", "package")
 BIN = Path(sys.executable).parent
 GiB = 2**30
 # jemalloc where installed, as `make multi30k` runs: on glibc's malloc the BPE trainer's peak
