@@ -25,8 +25,7 @@ from transformer.decode import batches as decode_batches
 from transformer.decode import beam_search
 from transformer.incremental import Decoder
 from transformer.model import Transformer, sinusoids
-from transformer.ops import PAD_ID
-from transformer.tokenizer import BOS_ID, EOS_ID
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Table 3 base and big (dropout as the presets), and a tiny one for the reduced CPU mode
 SHAPES = {

@@ -122,7 +122,6 @@ def _orphaned(run_id: str, parent: int) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
-    stop_all()
     message = (
         f"the process serving this flow run (pid {parent}: `python -m flows.serve` or a "
         "worker) died; its stages were stopped, and a retry resumes them"
@@ -130,6 +129,7 @@ def _orphaned(run_id: str, parent: int) -> None:
     # the server may be unreachable too: then the missing heartbeats tell
     with contextlib.suppress(Exception), get_client(sync_client=True) as client:
         client.set_flow_run_state(run_id, Crashed(message=message), force=True)
+    stop_all()
     os._exit(70)
 
 

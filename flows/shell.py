@@ -36,6 +36,7 @@ ADVICE = re.compile(
 )
 PROGRESS_EVERY_S = 60.0
 _running: set[subprocess.Popen] = set()  # the commands in flight, for the orphan watch
+_orphaned = threading.Event()  # set by the orphan watch: the flow run is ending, no state from here
 
 
 class CommandError(RuntimeError):
@@ -119,6 +120,8 @@ def run(
     finally:
         stop_group(proc)
         _running.discard(proc)
+    if proc.returncode and _orphaned.is_set():
+        threading.Event().wait()  # stopped by the orphan watch, which reports and exits
     if proc.returncode:
         raise CommandError(what or " ".join(cmd[:4]), cmd, proc.returncode, lines)
     return lines
@@ -146,6 +149,7 @@ def watch_parent(on_orphaned, every_s: float = 2.0) -> None:
     def loop() -> None:
         while os.getppid() == parent:
             time.sleep(every_s)
+        _orphaned.set()
         on_orphaned(parent)
 
     threading.Thread(target=loop, name="orphan-watch", daemon=True).start()

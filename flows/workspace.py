@@ -71,6 +71,7 @@ def prepare(project: Path, rev: str) -> tuple[Path, str]:
         logger().info("created the run workspace %s", ws)
     else:
         git("checkout", "--force", "--detach", commit, cwd=ws)
+    set_aside_unreadable_lock(ws)
     share_cache(project, ws)
     return ws, commit
 
@@ -123,6 +124,36 @@ def reap(ws: Path) -> list[int]:
     return found
 
 
+def set_aside_unreadable_lock(ws: Path) -> Path | None:
+    """Move a dvc.lock that DVC cannot read to dvc.lock.unreadable (where it went, or None).
+    DVC rewrites the file in place, so a stage killed while it wrote (a kill -9, a dying
+    machine) leaves it empty or cut, and every later run would fail on it. Without it DVC checks
+    each stage again: unchanged ones come back from its run cache, training resumes from its
+    checkpoints."""
+    from dvc.exceptions import DvcException
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+    from dvc.utils.serialize import parse_yaml
+    from voluptuous import Invalid
+
+    lock = ws / "dvc.lock"
+    try:
+        COMPILED_LOCKFILE_SCHEMA(parse_yaml(lock.read_text(), str(lock)))
+        return None
+    except FileNotFoundError:
+        return None
+    except (DvcException, Invalid, UnicodeDecodeError) as e:  # YAML, schema, encoding
+        aside = lock.with_name("dvc.lock.unreadable")
+        lock.replace(aside)
+        logger().warning(
+            "%s cannot be read (%s), as a run killed while DVC wrote it leaves it: moved to %s; "
+            "DVC checks every stage again",
+            lock,
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+            aside,
+        )
+        return aside
+
+
 def release_dead_locks(ws: Path) -> list[int]:
     """Drop the entries of DVC's rwlock in the workspace whose process is gone (killed with its
     run). DVC drops them itself, but only when a later command waits on the same path, and it
@@ -130,7 +161,11 @@ def release_dead_locks(ws: Path) -> list[int]:
     path = ws / ".dvc" / "tmp" / "rwlock"
     try:
         lock = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except OSError:
+        return []
+    except ValueError:  # cut short by a kill while DVC wrote it; nothing holds a lock now
+        path.unlink()
+        logger().warning("removed DVC's unreadable lock file %s", path)
         return []
     dead = set()
     for mode in ("read", "write"):

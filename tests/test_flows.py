@@ -36,7 +36,7 @@ from flows.lineage import Snapshot, lineage
 from flows.pipeline import MAX_ATTEMPTS, start_attempt
 from flows.promote import gate
 from flows.shell import CommandError, apply_params, run
-from flows.workspace import WORKSPACE, reap, release_dead_locks
+from flows.workspace import WORKSPACE, prepare, reap, release_dead_locks
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
@@ -266,6 +266,23 @@ def test_locks_of_dead_processes_are_released(tmp_path) -> None:
         "read": {"data/raw": [alive]},
         "write": {"data/eval": alive},
     }
+
+
+@pytest.mark.parametrize("cut", ["", "schema: '2.0'\nstages:\n  download:\n    cmd: [", "\xff"])
+def test_a_lock_file_cut_by_a_kill_is_set_aside(toy: Path, cut: str) -> None:
+    """The soak's finding: kill -9 while DVC wrote dvc.lock left it empty, and every later run
+    failed on it. The next run's workspace moves it aside and DVC reads the workspace again."""
+    ws, _ = prepare(toy, "HEAD")
+    (ws / "dvc.lock").write_bytes(cut.encode("latin-1"))
+    (ws / ".dvc/tmp").mkdir(exist_ok=True)
+    (ws / ".dvc/tmp/rwlock").write_text('{"read": {"data/raw": [{"pid"')
+    ws, _ = prepare(toy, "HEAD")
+    assert (ws / "dvc.lock.unreadable").read_bytes() == cut.encode("latin-1")
+    assert not (ws / "dvc.lock").exists() and not (ws / ".dvc/tmp/rwlock").exists()
+    status = subprocess.run(
+        [sys.executable, "-m", "dvc", "status"], cwd=ws, capture_output=True, text=True, check=False
+    )
+    assert status.returncode == 0 and "changed" in status.stdout, status.stderr
 
 
 @flow(retries=MAX_ATTEMPTS, retry_delay_seconds=0)
