@@ -5,7 +5,7 @@
 Everything is real and local: a Prefect server on 127.0.0.1; `python -m flows.serve`, restarted
 whenever it dies (as systemd's Restart=always would); a corpus server on 127.0.0.1 that the
 `wmt` source downloads from; and a git clone of this checkout (its committed code) with a
-`soak` preset: the demo's synthetic corpus served as files, the demo's model, 100 steps.
+`soak` preset: the demo's synthetic corpus served as files, the demo's model, 40 steps.
 Before each cycle the train split changes (a new snapshot; valid and test stay), then
 `retrain/retrain` runs with the deployment's own recipe, as its cron schedule would. A share of
 the cycles (--fault-rate) gets one fault, drawn at random:
@@ -58,8 +58,8 @@ download:
     valid: [{{path: "{url}/valid.{{lang}}", name: valid}}]
     test: [{{path: "{url}/test.{{lang}}", name: test}}]
 tokenizer: {{vocab_size: 1000}}
-train: {{max_steps: 100, warmup_steps: 50, lr_scale: 0.7, save_every_steps: 25,
-        valid_every_steps: 50, log_every_steps: 10}}
+train: {{max_steps: 40, warmup_steps: 20, lr_scale: 0.7, save_every_steps: 10,
+        valid_every_steps: 20, log_every_steps: 10}}
 average: {{last_k: 2}}
 decode: {{beam_size: 2, batch_tokens: 2048}}
 """

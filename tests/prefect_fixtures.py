@@ -23,12 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SERVED = "polling for scheduled runs"
-DVC = (
-    sys.executable,
-    "-m",
-    "dvc",
-)  # the venv's dvc  # what `serve` prints once its deployments exist
+SERVED = "polling for scheduled runs"  # what `serve` prints once its deployments exist
+DVC = (sys.executable, "-m", "dvc")  # the venv's dvc
 
 TOY_STAGES = r"""
 import hashlib, json, os, pathlib, shutil, sys, time
