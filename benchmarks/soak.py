@@ -33,6 +33,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -170,8 +171,12 @@ class Supervisor:
         self.stopping = True
         self.thread.join()
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 2)
-            self.proc.wait(60)
+            os.killpg(self.proc.pid, signal.SIGTERM)  # what systemd sends
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 def stage_running(ws: Path) -> bool:
