@@ -33,7 +33,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -170,13 +169,10 @@ class Supervisor:
     def stop(self) -> None:
         self.stopping = True
         self.thread.join()
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # what systemd sends
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            from flows.shell import stop_group
+
+            stop_group(self.proc, grace_s=60)  # SIGTERM, as systemd stops it; then SIGKILL
 
 
 def stage_running(ws: Path) -> bool:

@@ -128,8 +128,8 @@ def set_aside_unreadable_lock(ws: Path) -> Path | None:
     """Move a dvc.lock that DVC cannot read to dvc.lock.unreadable (where it went, or None).
     DVC rewrites the file in place, so a stage killed while it wrote (a kill -9, a dying
     machine) leaves it empty or cut, and every later run would fail on it. Without it DVC checks
-    each stage again: unchanged ones come back from its run cache, training resumes from its
-    checkpoints."""
+    each stage again: its run cache restores outputs it has made before, training resumes from
+    its checkpoints."""
     from dvc.exceptions import DvcException
     from dvc.schema import COMPILED_LOCKFILE_SCHEMA
     from dvc.utils.serialize import parse_yaml
@@ -138,9 +138,8 @@ def set_aside_unreadable_lock(ws: Path) -> Path | None:
     lock = ws / "dvc.lock"
     try:
         COMPILED_LOCKFILE_SCHEMA(parse_yaml(lock.read_text(), str(lock)))
-        return None
     except FileNotFoundError:
-        return None
+        pass
     except (DvcException, Invalid, UnicodeDecodeError) as e:  # YAML, schema, encoding
         aside = lock.with_name("dvc.lock.unreadable")
         lock.replace(aside)
@@ -152,6 +151,7 @@ def set_aside_unreadable_lock(ws: Path) -> Path | None:
             aside,
         )
         return aside
+    return None
 
 
 def release_dead_locks(ws: Path) -> list[int]:
