@@ -5,8 +5,9 @@ profile.txt).
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out DIR --budget-s 480   # a GPU
     python benchmarks/gpu_check.py --out DIR --reduced --device cpu              # CI, seconds
 
-Sections (--sections; in this order, then the big model's decoding; each measurement is
-skipped when too little of --budget-s is left, and one running out of it is stopped):
+Sections (--sections; run in the order loss, train, decode (base), tests, profile, compile,
+decode (big); each measurement is skipped when too little of --budget-s is left, and one
+running out of it is stopped):
 - tests: tests/test_cuda.py under pytest (exact SIGKILL resume in bf16 and in fp16 with
   gradient scaling, decoding and the output loss on the GPU); `--noconftest`, as the GPU
   machine has no Prefect or DVC and these tests need no shared fixture. On a CPU all skip.
@@ -468,11 +469,13 @@ def main(argv: list[str] | None = None) -> None:
     chk = Check(args)
     chk.save()
     shapes = chk.cfg["shapes"]
+    # the figures first, the tests after them: a lease is short, and a rerun with --sections
+    # can take what the budget left out
     plan = [
-        ("tests", lambda: chk.run(("tests",), 30, lambda: section_tests(chk))),
         ("loss", lambda: section_loss(chk)),
         ("train", lambda: section_train(chk)),
         ("decode", lambda: section_decode(chk, shapes[0])),
+        ("tests", lambda: chk.run(("tests",), 30, lambda: section_tests(chk))),
         ("profile", lambda: section_profile(chk)),
         ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
         ("decode", lambda: shapes[1:] and section_decode(chk, shapes[1])),
