@@ -219,8 +219,8 @@ def summary(r: dict) -> str:
         out += [
             f"## Training, {shape} ({runs.get('params_mfu'):,} parameters)",
             "",
-            "| contender | tokens/side | target tok/s | MFU | peak GiB | ours ÷ it |",
-            "|---|---|---|---|---|---|",
+            "| contender | tokens/side | target tok/s | cold tok/s | step ms | MFU | peak GiB | ours ÷ it |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for name, run in runs.items():
             if not isinstance(run, dict):
@@ -229,6 +229,7 @@ def summary(r: dict) -> str:
                 ratio = _div(_rate(runs.get("ours"), size), fig["tokens_per_s"])
                 out.append(
                     f"| {name} | {int(size):,} | {_fmt(fig['tokens_per_s'])} | "
+                    f"{_fmt(fig.get('tokens_per_s_cold'))} | {_fmt(fig['step_ms_median'])} | "
                     f"{_fmt(fig['mfu'], True)} | {_fmt(fig['peak_mem_gib'])} | "
                     f"{_fmt(ratio)} |"
                 )

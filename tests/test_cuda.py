@@ -178,3 +178,28 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
     assert losses.take()["train/loss"] > 0
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+
+
+def test_attention_on_the_gpu_never_runs_cudnns_kernel():
+    """cuDNN's attention plans each new shape (hundreds of ms); a training step and beam search
+    over batches of other lengths run flash or memory-efficient attention instead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from transformer.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**{**MODEL, "d_model": 64, "n_heads": 2}), 40).cuda()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for length in (5, 9):
+            src = torch.randint(3, 40, (3, length), device="cuda")
+            src[0, -2:] = 0  # padding: a mask
+            tgt = torch.randint(3, 40, (3, length + 1), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss, _ = model.loss(src, tgt[:, :-1], tgt[:, 1:], 0.1)
+            loss.backward()
+            with torch.inference_mode():
+                beam_search(Decoder(model.eval(), "bf16"), src, 2, 0.6, None)
+            model.train()
+    names = {e.key for e in prof.key_averages()}
+    assert not [n for n in names if "cudnn_attention" in n]
+    assert [n for n in names if "efficient_attention" in n or "flash_attention" in n]

@@ -14,11 +14,10 @@ import warnings
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ConfigError
-from transformer.model import Transformer
+from transformer.model import Transformer, sdpa
 from transformer.precision import resolve_precision
 
 NEG_INF = float("-inf")
@@ -233,7 +232,7 @@ def _attend_few(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
 
 def _attend_sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     """_attend_few through SDPA: on a GPU its kernels keep the scores in fp32 and on chip."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return sdpa(q, k, v, bias)
 
 
 class SelfCache:

@@ -17,6 +17,21 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# cuDNN's attention builds a plan for each new shape, hundreds of ms each, and every batch of a
+# length-bucketed run and every decoding step has a new shape; flash and memory-efficient
+# kernels need no plan (docs/gpu.md).
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False):
+    """F.scaled_dot_product_attention, on CUDA without cuDNN's kernel (SDPA_BACKENDS)."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    with sdpa_kernel(SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
 
 from transformer.config import ModelConfig
 from transformer.ops import dropout, output_loss
@@ -84,7 +99,7 @@ class MultiHeadAttention(nn.Module):
         if p > 0:
             o = attention(q, k, v, mask, causal, p)
         else:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+            o = sdpa(q, k, v, mask, causal)
         return self.merge(o)  # (B, T, D)
 
     def self_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -63,11 +63,11 @@ class _OutputCE(torch.autograd.Function):
     scaled by the incoming gradient in backward; the loss is a sum.
     """
 
-    # rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). A GPU's: the same
-    # until measured (only ~110 rows of a 37k vocabulary, a dozen kernel launches each):
-    # benchmarks/gpu_check.py's loss section times 2^22-2^28 and decides by its rule.
+    # rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). GPU: 1 GiB, the
+    # fastest of 2^22-2^28 in benchmarks/gpu_check.py's loss section (H100: 3.1x 2^22's time
+    # at d_model 1024, whose ~110-row chunks are a dozen small launches each).
     CHUNK_ELEMENTS_CPU = 1 << 22
-    CHUNK_ELEMENTS_GPU = 1 << 22
+    CHUNK_ELEMENTS_GPU = 1 << 28
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, eps: float, grad_mode: bool):
