@@ -388,7 +388,15 @@ def section_profile(chk: Check) -> None:
                 peers.sync(chk.device)
             wall = time.perf_counter() - t
             avg = prof.key_averages()
-            busy = sum(e.self_device_time_total for e in avg) / 1e6
+            # kernels alone: an op's self device time repeats its kernels' (the table's total)
+            busy = (
+                sum(
+                    e.self_device_time_total
+                    for e in avg
+                    if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation
+                )
+                / 1e6
+            )
             text.append(
                 f"## {shape}, 3 steps of {chk.cfg['sizes'][0]} tokens, {wall:.3f} s "
                 f"(profiled)\n{avg.table(sort_by=sort, row_limit=30)}\n"
