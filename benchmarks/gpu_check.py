@@ -55,7 +55,7 @@ a's target tokens/s over b's):
   < 120 s in all; else eager stays.
 The first H100 runs met the first two rules on figures that the order of the contenders had
 skewed (each ran on shapes its predecessors had warmed); timed on seen shapes since, they wait
-for the next run (docs/experiments/2026-11-26-gpu.md).
+for the next run (docs/experiments/2026-11-26-gpu-h100.md).
 """
 
 from __future__ import annotations

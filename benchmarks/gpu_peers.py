@@ -300,9 +300,9 @@ def measure_steps(
 ) -> dict:
     """`warmup` steps, then the rest twice: a first pass, each batch's shapes new to this
     process (cold), and the timed pass over the same batches, every shape seen once. Every
-    contender is timed on shapes it has seen, whichever ran first: per-shape caches (cuBLAS's
-    heuristics, say) persist across contenders in one process, so a contender measured first
-    on cold shapes would pay for the ones after it (seen on an H100: ~20% at 3,125 tokens).
+    contender is timed on shapes it has seen, whichever ran first: what is done once per new
+    shape (likely cuBLAS's kernel choice) is kept for the process, so a contender measured
+    first on cold shapes would pay for the ones after it (seen on an H100: up to 1.6x).
     Target tokens/s (median over steps; the cold pass's too), MFU, peak memory, the first and
     last timed loss per token."""
     dev = work[0].src.device

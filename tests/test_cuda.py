@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from test_decode import copy_model, model_files, sources, translate_file  # noqa: F401
 from test_train import MODEL, TRAIN, kill_and_resume, write_params
+from torch.profiler import ProfilerActivity, profile
 
 from transformer import checkpoint, precision, shard, tokenizer, train
 from transformer.clock import Clock
@@ -23,6 +24,7 @@ from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
 from transformer.decode import beam_search, translate_ids
 from transformer.incremental import Decoder
+from transformer.model import Transformer
 from transformer.ops import _OutputCE, output_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -183,10 +185,6 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
 def test_attention_on_the_gpu_never_runs_cudnns_kernel():
     """cuDNN's attention plans each new shape (hundreds of ms); a training step and beam search
     over batches of other lengths run flash or memory-efficient attention instead."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from transformer.model import Transformer
-
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**{**MODEL, "d_model": 64, "n_heads": 2}), 40).cuda()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
