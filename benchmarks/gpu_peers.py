@@ -8,7 +8,6 @@ decoder start 1, eos 2), so every contender reads the same tensors.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
@@ -19,14 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import sdpa_kernel
 
 from transformer.config import ModelConfig
 from transformer.data import BatchSampler, collate
 from transformer.decode import batches as decode_batches
 from transformer.decode import beam_search
 from transformer.incremental import Decoder
-from transformer.model import SDPA_BACKENDS, Transformer, sinusoids
+from transformer.model import Transformer, sdpa_backends, sinusoids
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Table 3 base and big (dropout as the presets), and a tiny one for the reduced CPU mode
@@ -229,14 +227,15 @@ def train_step(model: nn.Module, kind: str, dtype: torch.dtype) -> Callable[[Wor
     """One update (forward, label-smoothed loss summed over target tokens / their count,
     backward, fused Adam) of `model`: kind "ours" (model.loss), "marian" (logits, then the
     cross-entropy Seq2SeqTrainer's label smoother computes) or "torch" (logits, likewise).
-    Every kind attends with our SDPA backends (attention())."""
+    Every kind attends with our SDPA backends (model.sdpa_backends: no cuDNN attention, whose
+    per-shape plans would cost the peers what they cost us)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     dev = params[0].device.type
     model.train()
 
     def step(b: Work) -> Tensor:
-        with torch.autocast(dev, dtype=dtype, enabled=dtype != torch.float32), attention(dev):
+        with torch.autocast(dev, dtype=dtype, enabled=dtype != torch.float32), sdpa_backends(dev):
             if kind == "ours":
                 loss, _ = model.loss(b.src, b.tgt_in, b.tgt_out, EPS, b.n_tgt)  # sync-free
             else:
@@ -259,12 +258,6 @@ def train_step(model: nn.Module, kind: str, dtype: torch.dtype) -> Callable[[Wor
         return loss.detach()
 
     return step
-
-
-def attention(device: str):
-    """Our SDPA backends (transformer.model.SDPA_BACKENDS: no cuDNN attention, whose per-shape
-    plans would cost the peers what they cost us) on CUDA, for the peers too."""
-    return sdpa_kernel(SDPA_BACKENDS) if device == "cuda" else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------- timing
@@ -383,7 +376,7 @@ def decode_hf(hf, srcs, plan, beam: int) -> list[list[int]]:
     dev = hf.device
     for rows, n in plan:
         x = padded(srcs, rows).to(dev)
-        with attention(dev.type):
+        with sdpa_backends(dev.type):
             y = hf.generate(
                 input_ids=x,
                 attention_mask=x.ne(PAD_ID),

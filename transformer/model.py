@@ -10,6 +10,7 @@ own against cached keys and values.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from functools import partial
@@ -19,23 +20,25 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer.config import ModelConfig
+from transformer.ops import dropout, output_loss
+from transformer.tokenizer import PAD_ID
+
 # cuDNN's attention builds a plan for each new shape, hundreds of ms each, and every batch of a
 # length-bucketed run and every decoding step has a new shape; flash and memory-efficient
 # kernels need no plan (docs/gpu.md).
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def sdpa_backends(device_type: str):
+    """The context in which SDPA runs SDPA_BACKENDS alone: on CUDA; elsewhere it changes nothing."""
+    return sdpa_kernel(SDPA_BACKENDS) if device_type == "cuda" else contextlib.nullcontext()
+
+
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False):
-    """F.scaled_dot_product_attention, on CUDA without cuDNN's kernel (SDPA_BACKENDS)."""
-    if not q.is_cuda:
+    """F.scaled_dot_product_attention in sdpa_backends: on CUDA without cuDNN's kernel."""
+    with sdpa_backends(q.device.type):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    with sdpa_kernel(SDPA_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-
-
-from transformer.config import ModelConfig
-from transformer.ops import dropout, output_loss
-from transformer.tokenizer import PAD_ID
 
 
 def sinusoids(n_pos: int, d_model: int) -> Tensor:
