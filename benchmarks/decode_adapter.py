@@ -19,9 +19,10 @@ if __name__ == "__main__":  # a plug-in of the peers harness, not a script
 import torch
 
 from transformer.allocator import keep_freed_memory
-from transformer.config import DecodeConfig, ModelConfig
 from transformer.decode import Decoder, translate_ids
 from transformer.model import Transformer
+from transformer.sections.decode import DecodeConfig
+from transformer.sections.model import ModelConfig
 
 
 class Peer:

@@ -51,8 +51,8 @@ def generate(prefix: Path, n: int, seed: int = 0) -> None:
 
 def run(prefix: Path, eval_prefix: Path, out: Path) -> dict:
     sys.path.insert(0, str(ROOT))
-    from transformer.config import DownloadConfig, SourceSpec
     from transformer.download import download
+    from transformer.sections.download import DownloadConfig, SourceSpec
 
     cfg = DownloadConfig(
         source="local",

@@ -23,9 +23,9 @@ from transformer.config import ModelConfig
 from transformer.data import BatchSampler, collate
 from transformer.decode import batches as decode_batches
 from transformer.decode import beam_search
+from transformer.ids import BOS_ID, EOS_ID, PAD_ID
 from transformer.incremental import Decoder
 from transformer.model import Transformer, sdpa_backends, sinusoids
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Table 3 base and big (dropout as the presets), and a tiny one for the reduced CPU mode
 SHAPES = {

@@ -28,10 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config
 from transformer.allocator import keep_freed_memory
 from transformer.data import BatchSampler, load_split
+from transformer.ids import PAD_ID
 from transformer.model import Transformer
 from transformer.ops import output_loss
-from transformer.tokenizer import PAD_ID, load_tokenizer
 from transformer.train import batch_stream
+from transformer.vocab import load_tokenizer
 
 
 def torch_loss(h, w, y, eps):

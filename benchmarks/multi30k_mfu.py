@@ -35,10 +35,11 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import allocator, config
 from transformer.data import BatchSampler, load_split
+from transformer.ids import PAD_ID
 from transformer.model import Transformer
 from transformer.precision import resolve_precision
-from transformer.tokenizer import PAD_ID, load_tokenizer
 from transformer.train import batch_stream, output_ids
+from transformer.vocab import load_tokenizer
 
 
 def step_fn(model, opt, eps, dtype):

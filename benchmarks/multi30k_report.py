@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from transformer.average import average_checkpoints, save, select_checkpoints
-from transformer.config import AverageConfig
+from transformer.sections.average import AverageConfig
 
 STEP_GLOB = "step_*.pt"
 

@@ -20,8 +20,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 from transformer import shard, tokenizer
-from transformer.config import ShardConfig, TokenizerConfig
 from transformer.data import BatchSampler, load_split
+from transformer.sections.shard import ShardConfig
+from transformer.sections.tokenizer import TokenizerConfig
 
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 

@@ -24,7 +24,7 @@ from wmt_corpus import ROOT, make_corpus
 
 sys.path.insert(0, str(ROOT))
 from transformer.data import BatchSampler, load_split
-from transformer.tokenizer import tokenizer_sha256
+from transformer.vocab import tokenizer_sha256
 
 
 def main() -> None:

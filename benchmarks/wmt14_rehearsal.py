@@ -306,7 +306,7 @@ def big_checkpoints(project: Path, n: int) -> int:
 
     from transformer import checkpoint
     from transformer.model import Transformer
-    from transformer.tokenizer import load_tokenizer, tokenizer_sha256
+    from transformer.vocab import load_tokenizer, tokenizer_sha256
 
     cfg = load_all(project / "params.yaml")
     tok = project / "data" / "tokenizer"

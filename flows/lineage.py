@@ -2,8 +2,8 @@
 
 A record is read from a `Snapshot`: the files of a project as they are in a folder (the run
 workspace after a run) or as a commit holds them (an experiment, a champion), DVC-tracked
-metrics included. The metrics files are read defensively: the stages own their formats, so
-every value is looked up under a few likely key paths and a missing one is reported by name.
+metrics included. The evaluate stage's values are read at the key paths transformer/metrics.py
+names, the contract with the stage that writes them; a missing one is reported by name.
 """
 
 from __future__ import annotations
@@ -18,27 +18,14 @@ from typing import Any
 import yaml
 
 from flows.dag import Stage, locked_outs
+from transformer.metrics import KEYS
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
-CODE = ("transformer", "dvc.yaml")  # what the pipeline runs: a change of either is a new model
 NOT_RECIPE = ("retrain",)  # params.yaml sections that do not shape the model
 
-# field -> (stage whose metrics hold it, key paths to try; "/" separates nesting levels)
+# field -> (stage whose metrics hold it, its key path there)
 FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "bleu": (EVALUATE, ("bleu", "bleu/score", "sacrebleu/bleu", "sacrebleu/score")),
-    "chrf": (EVALUATE, ("chrf", "chrf/score", "chrf2", "sacrebleu/chrf")),
-    "bleu_signature": (
-        EVALUATE,
-        ("signatures/bleu", "bleu_signature", "bleu/signature", "signature"),
-    ),
-    "chrf_signature": (EVALUATE, ("signatures/chrf", "chrf_signature", "chrf/signature")),
-    "model_sha256": (EVALUATE, ("model_sha256", "model/sha256")),
-    "tokenizer_sha256": (EVALUATE, ("tokenizer_sha256", "tokenizer/sha256")),
-    "checkpoints_averaged": (
-        EVALUATE,
-        ("averaged_checkpoints", "checkpoints_averaged", "checkpoints"),
-    ),
-    "test_sha256": (EVALUATE, ("test_sha256", "test/sha256", "references_sha256")),
+    field: (EVALUATE, (path,)) for field, path in KEYS.items() if field != "split"
 }
 
 
@@ -108,9 +95,36 @@ def read_metrics(snap: Snapshot, stage: Stage | None) -> dict[str, Any]:
     return flat
 
 
-def code_hash(snap: Snapshot, rev: str) -> str:
-    """Git's hashes of what the pipeline runs at `rev` (the transformer package, dvc.yaml)."""
-    return ",".join(f"{p}={snap.git('rev-parse', f'{rev}:{p}')}" for p in CODE)
+def code_hash(lock_text: str | None) -> str | None:
+    """One hash of the code the stages ran, as dvc.lock records it: each stage's command and
+    DVC's hashes of its code deps (the .py files dvc.yaml lists); None before any run."""
+    lock = (yaml.safe_load(lock_text) if lock_text else None) or {}
+    code = sorted(
+        (name, entry.get("cmd"), d["path"], d.get("md5") or d.get("hash", ""))
+        for name, entry in (lock.get("stages") or {}).items()
+        for d in entry.get("deps", [])
+        if d["path"].endswith(".py")
+    )
+    return hashlib.sha256(json.dumps(code).encode()).hexdigest() if code else None
+
+
+def code_now(ws: Path) -> str:
+    """code_hash of the code checked out in `ws` now: dvc.lock's when `dvc status` sees no
+    stage's command or code changed since, else a value no record holds (a change)."""
+    from dvc.repo import Repo
+
+    with Repo(str(ws)) as repo:
+        status = repo.status()
+    changed = sorted(
+        name
+        for name, changes in status.items()
+        for c in changes
+        if c == "changed command"
+        or (isinstance(c, dict) and any(p.endswith(".py") for p in c.get("changed deps", {})))
+    )
+    if changed:
+        return f"code changed since dvc.lock in stages {', '.join(changed)}"
+    return str(code_hash((ws / "dvc.lock").read_text() if (ws / "dvc.lock").exists() else None))
 
 
 def params_hash(text: str | None) -> str | None:
@@ -132,8 +146,9 @@ def outs_hash(lock: dict[str, dict[str, str]], dag: dict[str, Stage], name: str)
 def test_set_hash(
     eval_flat: dict[str, Any], manifest: dict[str, Any], split: str = "test"
 ) -> str | None:
-    """The scored set's identity: evaluate's own hash, else the manifest's sha256s of the files
-    of `split` (the split evaluate scored: a valid score is never compared with a test one)."""
+    """The scored set's identity: evaluate's own hash (KEYS["test_sha256"]); for metrics written
+    before evaluate recorded one (older champions), the manifest's sha256s of the files of
+    `split` (the split evaluate scored: a valid score is never compared with a test one)."""
     if found := pick(eval_flat, FIELDS["test_sha256"][1]):
         return str(found)
     parts = sorted(
@@ -149,7 +164,7 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     missing), data/shards/code/params hashes, `extra` (recipe, experiment...)."""
     metrics = {name: read_metrics(snap, dag.get(name)) for name in (DOWNLOAD, EVALUATE)}
     record = {f: pick(metrics[stage], paths) for f, (stage, paths) in FIELDS.items()}
-    record["split"] = str(pick(metrics[EVALUATE], ("split",)) or "test")
+    record["split"] = str(pick(metrics[EVALUATE], (KEYS["split"],)) or "test")
     record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
     lock = locked_outs(snap.text("dvc.lock"))
     record["data_hash"] = outs_hash(lock, dag, DOWNLOAD)
@@ -159,7 +174,7 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
         toks = lock.get(TOKENIZER, {})
         record["tokenizer_sha256"] = ",".join(f"{p}={h}" for p, h in sorted(toks.items())) or None
     record["code_revision"] = rev
-    record["code_hash"] = code_hash(snap, rev)
+    record["code_hash"] = code_hash(snap.text("dvc.lock"))
     record["params_sha256"] = params_hash(snap.text("params.yaml"))
     record.update(extra)
     return record

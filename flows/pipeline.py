@@ -214,18 +214,26 @@ def pipeline(
     with workspace_lock(root):
         start_attempt()
         ws, commit = prepare(root, rev, preset, overrides)
-        dag = read_dag(ws)
-        stages = run_stages(ws, dag, download_retries, retry_delay_s)
-        name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
-        recipe = {"preset": preset, "overrides": overrides}
-        exp_commit = save_experiment(ws, dag, name, recipe)
-        record = lineage.lineage(
-            lineage.Snapshot(ws),
-            dag,
-            commit,
-            experiment=name,
-            experiment_commit=exp_commit,
-            **recipe,
-        )
-        publish(ws, dag, record)
+        return run_experiment(ws, commit, preset, overrides, download_retries, retry_delay_s)
+
+
+def run_experiment(
+    ws: Path,
+    commit: str,
+    preset: str | None,
+    overrides: list[str],
+    download_retries: int = 3,
+    retry_delay_s: float = 10.0,
+) -> dict[str, Any]:
+    """The stages in the prepared workspace `ws` (at `commit`, the recipe applied), the experiment
+    saved and published; its record. pipeline() and retrain() share it after their preamble."""
+    dag = read_dag(ws)
+    stages = run_stages(ws, dag, download_retries, retry_delay_s)
+    name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    recipe = {"preset": preset, "overrides": overrides}
+    exp_commit = save_experiment(ws, dag, name, recipe)
+    record = lineage.lineage(
+        lineage.Snapshot(ws), dag, commit, experiment=name, experiment_commit=exp_commit, **recipe
+    )
+    publish(ws, dag, record)
     return {"stages": stages, **record}

@@ -2,8 +2,9 @@
 changed since the champion; the candidate goes through the promotion gate (flows/promote.py).
 
 "Changed" is any of: the training data (DVC's hash of the refreshed download stage's output),
-the code (git's hashes of transformer/ and dvc.yaml at the revision), the recipe (the resolved
-params.yaml, `retrain` section aside). Nothing changed: nothing is trained.
+the code (DVC's hashes of the stages' commands and code deps; `dvc status` in the workspace),
+the recipe (the resolved params.yaml, `retrain` section aside). Nothing changed: nothing is
+trained.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prefect.runtime import flow_run
 
 from flows import lineage, registry
 from flows.dag import read_dag
-from flows.pipeline import pipeline, prepare, run_stages, start_attempt
+from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report
 from flows.shell import logger, workspace_lock
 
@@ -31,7 +32,7 @@ def identity(ws: Path, commit: str) -> dict[str, Any]:
         "data_hash": lineage.outs_hash(
             lineage.locked_outs(snap.text("dvc.lock")), dag, lineage.DOWNLOAD
         ),
-        "code_hash": lineage.code_hash(snap, commit),
+        "code_hash": lineage.code_now(ws),  # DVC's view: `dvc status` of the stages' code
         "params_sha256": lineage.params_hash(snap.text("params.yaml")),
     }
 
@@ -48,7 +49,8 @@ def retrain(
 ) -> dict[str, Any]:
     """Retrain the recipe when its data, code or params changed since the champion; promote the
     candidate only if it passes the gate. Returns the decision and why."""
-    from transformer.config import RetrainConfig, load
+    from flows.settings import RetrainConfig
+    from transformer.settings import load
 
     root = Path(project).resolve()
     overrides = list(overrides or [])
@@ -76,8 +78,8 @@ def retrain(
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
-            candidate = pipeline(
-                preset, overrides, commit, str(root), download_retries, retry_delay_s
+            candidate = run_experiment(
+                ws, commit, preset, overrides, download_retries, retry_delay_s
             )
             margin = load(RetrainConfig, "retrain", ws / "params.yaml").margin
             out.update(

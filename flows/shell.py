@@ -182,9 +182,8 @@ def apply_params(project: Path, preset: str | None, overrides: list[str]) -> Non
 
         apply_overrides(project / "params.yaml", list(overrides))
         logger().info("params.yaml: set %s", ", ".join(overrides))
-    from transformer.config import load_all
-
-    load_all(project / "params.yaml")  # a bad value fails here, before any stage
+    # a bad value fails here, before any stage, checked by the revision's own code
+    run([sys.executable, "-m", "transformer.config", "check"], project, "params.yaml check")
 
 
 def check_override(override: str) -> None:

@@ -187,8 +187,13 @@ def make_toy(path: Path) -> Path:
     shutil.copytree(ROOT / "flows", path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "presets", path / "presets")
     (path / "transformer").mkdir()
-    for name in ("__init__.py", "config.py", "files.py"):
+    for name in ("__init__.py", "config.py", "settings.py", "files.py"):
         shutil.copy(ROOT / "transformer" / name, path / "transformer" / name)
+    shutil.copytree(
+        ROOT / "transformer/sections",
+        path / "transformer/sections",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     (path / "toy.py").write_text(TOY_STAGES)
     (path / "dvc.yaml").write_text(TOY_DVC_YAML)
     (path / ".gitignore").write_text("/data/\n/dvc_plots/\n__pycache__/\n")

@@ -11,8 +11,8 @@ import torch
 
 from transformer import checkpoint
 from transformer.checkpoint import CheckpointError
-from transformer.config import ModelConfig
 from transformer.model import Transformer
+from transformer.sections.model import ModelConfig
 
 
 def make_ckpt(**cfg_kw) -> tuple[Transformer, dict]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from transformer.clean import Counts, HashSet, hashes, normalize, pair_filter
-from transformer.config import CleanConfig
+from transformer.sections.download import CleanConfig
 
 
 def test_normalize_steps():

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transformer import config
-from transformer.config import ConfigError, ModelConfig, TrainConfig
+from transformer import config, settings
+from transformer.sections.model import ModelConfig
+from transformer.sections.train import TrainConfig
+from transformer.settings import ConfigError
 
 
 def write(path: Path, data: dict) -> Path:
@@ -16,14 +18,14 @@ def write(path: Path, data: dict) -> Path:
 
 def test_defaults_when_section_missing(tmp_path):
     p = write(tmp_path / "params.yaml", {"train": {"max_steps": 7}})
-    assert config.load(TrainConfig, "train", p).max_steps == 7
-    assert config.load(ModelConfig, "model", p) == ModelConfig()
+    assert settings.load(TrainConfig, "train", p).max_steps == 7
+    assert settings.load(ModelConfig, "model", p) == ModelConfig()
 
 
 def test_unknown_key_names_the_dotted_key(tmp_path):
     p = write(tmp_path / "params.yaml", {"train": {"max_stpes": 7}})
     with pytest.raises(ConfigError, match=r"train\.max_stpes"):
-        config.load(TrainConfig, "train", p)
+        settings.load(TrainConfig, "train", p)
 
 
 def test_unknown_nested_key(tmp_path):
@@ -46,7 +48,13 @@ def test_wrong_type_names_key(tmp_path):
 
 def test_int_accepted_for_float(tmp_path):
     p = write(tmp_path / "params.yaml", {"train": {"lr_scale": 2}})
-    assert config.load(TrainConfig, "train", p).lr_scale == 2.0
+    lr_scale = settings.load(TrainConfig, "train", p).lr_scale
+    assert type(lr_scale) is float and lr_scale == 2.0  # an int 2 would equal 2.0 too
+
+
+def test_the_catalogue_names_every_section_once():
+    """settings.SECTIONS (the names every reader accepts) and config.SECTIONS (their classes)."""
+    assert tuple(config.SECTIONS) == settings.SECTIONS
 
 
 def test_impossible_model_config(tmp_path):
@@ -140,41 +148,48 @@ def test_sweep_variants_are_valid_params(tmp_path, load_benchmark):
         config.load_all(write(tmp_path / "typo.yaml", typo))
 
 
-def test_every_stage_depends_on_the_modules_it_runs():
-    """dvc.yaml's rule: a stage depends on exactly the transformer modules its entry module
-    imports, transitively (config and files included): one missing and an edit to, say, the loss
-    would leave `dvc repro` reporting train as up to date; one too many reruns a stage for code
-    it never runs."""
+def imported_modules(root: Path, module: str) -> set[str]:
+    """The project's module files (transformer/..., flows/...) that `module` (dotted) imports,
+    transitively, itself included; imports inside functions count too: they run with it."""
     import ast
+
+    def path(dotted: str) -> str | None:
+        rel = dotted.replace(".", "/") + ".py"
+        return rel if (root / rel).is_file() else None
+
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        mod = todo.pop()
+        rel = path(mod)
+        if rel is None or rel in seen:
+            continue
+        seen.add(rel)
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # `from pkg import mod` names a module; `from pkg.mod import name` does not
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+    return seen
+
+
+def test_every_stage_depends_on_the_modules_it_runs():
+    """dvc.yaml's rule: a stage depends on exactly the project modules its entry module imports,
+    transitively (settings and files included): one missing and an edit to, say, the loss would
+    leave `dvc repro` reporting train as up to date; one too many reruns a stage for code it
+    never runs. Package __init__.py files are not deps, so they must stay empty."""
     import re
 
     root = Path(__file__).resolve().parents[1]
-
-    def imported(mod: str, seen: set[str]) -> set[str]:
-        seen.add(mod)
-        for node in ast.walk(ast.parse((root / "transformer" / f"{mod}.py").read_text())):
-            names = []  # imports inside functions count too: they run with the stage
-            if isinstance(node, ast.ImportFrom) and node.module == "transformer":
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "transformer."
-            ):
-                names = [node.module.split(".")[1]]
-            elif isinstance(node, ast.Import):
-                names = [
-                    a.name.split(".")[1] for a in node.names if a.name.startswith("transformer.")
-                ]
-            for n in names:
-                if n not in seen and (root / "transformer" / f"{n}.py").exists():
-                    imported(n, seen)
-        return seen
-
+    for init in [*root.glob("transformer/**/__init__.py"), *root.glob("flows/__init__.py")]:
+        assert not init.read_text().strip(), f"{init}: not empty, but no stage depends on it"
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
-        module = re.search(r"-m transformer\.(\w+)", stage["cmd"]).group(1)
-        deps = [d for d in stage["deps"] if d.startswith("transformer/")]
+        module = re.search(r"-m (transformer\.\w+)", stage["cmd"]).group(1)
+        deps = [d for d in stage["deps"] if d.endswith(".py")]
         assert len(deps) == len(set(deps)), f"dvc.yaml: stage {name} lists a dep twice"
-        want = {f"transformer/{m}.py" for m in imported(module, set())}
+        want = imported_modules(root, module)
         assert not want - set(deps), f"dvc.yaml: stage {name} lacks deps {sorted(want - set(deps))}"
         assert not set(deps) - want, (
             f"dvc.yaml: stage {name} depends on modules it does not import: "

@@ -26,6 +26,7 @@ from transformer.decode import beam_search, translate_ids
 from transformer.incremental import Decoder
 from transformer.model import Transformer
 from transformer.ops import _OutputCE, output_loss
+from transformer.vocab import load_tokenizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 WORDS = [
@@ -147,7 +148,7 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
     mcfg = ModelConfig(**MODEL, output_vocab=over.get("output_vocab", "shared"))
     tcfg = TrainConfig(**{**TRAIN, **{k: v for k, v in over.items() if k != "output_vocab"}})
     device = torch.device("cuda")
-    vocab = tokenizer.load_tokenizer(corpus / "tok").get_vocab_size()
+    vocab = load_tokenizer(corpus / "tok").get_vocab_size()
     data, valid = load_split(corpus / "shards", "train"), load_split(corpus / "shards", "valid")
     torch.manual_seed(tcfg.seed)
     learner = train.Learner(

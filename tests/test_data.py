@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer.data import Batch, BatchSampler, DataError, _pack, collate
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.ids import BOS_ID, EOS_ID, PAD_ID
 
 
 def _lens(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

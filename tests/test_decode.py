@@ -10,12 +10,17 @@ import pytest
 import torch
 
 from transformer import checkpoint, decode
-from transformer.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
 from transformer.decode import DecodeError, Decoder, beam_search, load_translator, translate_ids
+from transformer.ids import EOS_ID
 from transformer.incremental import Ensemble
 from transformer.model import Transformer
 from transformer.precision import native_bf16
-from transformer.tokenizer import EOS_ID, save_tokenizer, tokenizer_sha256, train_tokenizer
+from transformer.sections.decode import DecodeConfig
+from transformer.sections.model import ModelConfig
+from transformer.sections.tokenizer import TokenizerConfig
+from transformer.settings import ConfigError
+from transformer.tokenizer import save_tokenizer, train_tokenizer
+from transformer.vocab import tokenizer_sha256
 
 V = 24
 LINES = [

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from transformer import download, wmt
-from transformer.config import DownloadConfig, SourceSpec
 from transformer.files import sha256_file
+from transformer.sections.download import DownloadConfig, SourceSpec
 from transformer.wmt import SourceError
 
 ROOT = Path(__file__).resolve().parents[1]

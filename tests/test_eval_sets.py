@@ -10,8 +10,11 @@ from sacrebleu.dataset import DATASETS
 from test_download import TGZ, Server, hub_replica, local, run_cli, wmt_cfg, write
 
 from transformer import config, wmt
-from transformer.config import ConfigError, DownloadConfig, ShardConfig, TokenizerConfig
 from transformer.evaluate import read_split
+from transformer.sections.download import DownloadConfig
+from transformer.sections.shard import ShardConfig
+from transformer.sections.tokenizer import TokenizerConfig
+from transformer.settings import ConfigError
 from transformer.shard import shard
 from transformer.tokenizer import build
 

@@ -12,12 +12,17 @@ import pytest
 import torch
 import yaml
 
+from flows.dag import Stage
+from flows.lineage import Snapshot, flatten, lineage
 from transformer import average, checkpoint, evaluate
-from transformer.config import ModelConfig, TokenizerConfig
 from transformer.evaluate import TOK_BLEU, score, tokenize_compound_split
 from transformer.files import sha256_file
+from transformer.metrics import KEYS
 from transformer.model import Transformer
-from transformer.tokenizer import save_tokenizer, tokenizer_sha256, train_tokenizer
+from transformer.sections.model import ModelConfig
+from transformer.sections.tokenizer import TokenizerConfig
+from transformer.tokenizer import save_tokenizer, train_tokenizer
+from transformer.vocab import tokenizer_sha256
 
 LINES = [
     "Ein Hund läuft im Park.",
@@ -154,6 +159,13 @@ def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
     assert m["lineage"]["averaged_steps"] == [1, 2]
     assert m["lineage"]["tokenizer_sha256"] == tokenizer_sha256(d / "tokenizer")
     assert m["bleu"] == sacrebleu_cli(d / "raw" / "test.de", hyps, "-m", "bleu")["score"]
+    # the contract with the flows: every value they read is where transformer/metrics.py says
+    flat = flatten(m)
+    assert {f: flat.get(path) is not None for f, path in KEYS.items()} == dict.fromkeys(KEYS, True)
+    record = lineage(
+        Snapshot(d), {"evaluate": Stage("evaluate", (), (), ("metrics.json",), (), ())}, "rev"
+    )
+    assert record["test_sha256"] == m["set_sha256"] and record["bleu"] == m["bleu"]
 
 
 def test_several_splits_and_beams_from_the_cli(stage_inputs, tmp_path):

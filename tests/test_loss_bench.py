@@ -3,9 +3,9 @@ timing compares equal work."""
 
 import torch
 
-from transformer.config import ModelConfig
 from transformer.data import Batch
 from transformer.model import Transformer
+from transformer.sections.model import ModelConfig
 
 
 def test_step_losses_agree_in_value_and_gradients(load_benchmark):

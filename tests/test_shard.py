@@ -11,8 +11,11 @@ import pytest
 
 from transformer import shard as S
 from transformer import tokenizer as T
-from transformer.config import SyntheticConfig, TokenizerConfig
+from transformer import vocab
 from transformer.data import BatchSampler, DataError, collate, load_split, read_index
+from transformer.ids import EOS_ID
+from transformer.sections.download import SyntheticConfig
+from transformer.sections.tokenizer import TokenizerConfig
 from transformer.synthetic import generate
 
 MAX_LEN, SHARD_PAIRS = 32, 100
@@ -58,11 +61,11 @@ def test_kept_pairs_are_exactly_the_short_ones(stage):
     for split, pairs in data.items():
         fits = [p for p in pairs if all(len(tok.encode(x).ids) + 1 <= MAX_LEN for x in p)]
         assert metrics[split]["dropped_too_long"] == len(pairs) - len(fits)
-        ds = load_split(root / "shards", split, T.tokenizer_sha256(root / "tok"))
+        ds = load_split(root / "shards", split, vocab.tokenizer_sha256(root / "tok"))
         got = []
         for i in range(len(ds)):
             src, tgt = ds[i]
-            assert src[-1] == T.EOS_ID and tgt[-1] == T.EOS_ID
+            assert src[-1] == EOS_ID and tgt[-1] == EOS_ID
             assert (len(src), len(tgt)) == (ds.src_lens[i], ds.tgt_lens[i])
             got.append((tok.decode(src[:-1].tolist()), tok.decode(tgt[:-1].tolist())))
         assert Counter(got) == Counter(fits)  # each pair once, exactly as written
@@ -156,7 +159,7 @@ def test_gather_matches_python_slicing():
 def test_pass_two_in_small_pieces_writes_the_same_shards(stage, tmp_path, monkeypatch):
     """Reading / gathering in pieces of 7 pairs (bounded memory) changes no byte."""
     root = stage[0]
-    tok = T.load_tokenizer(root / "tok")
+    tok = vocab.load_tokenizer(root / "tok")
     monkeypatch.setattr(S, "GATHER", 7)
     cfg = S.ShardConfig(max_len=MAX_LEN, shard_pairs=SHARD_PAIRS)
     raw = root / "raw"

@@ -7,7 +7,7 @@ from num2words import num2words
 
 from transformer import synthetic
 from transformer.clean import normalize, pair_filter
-from transformer.config import CleanConfig, SyntheticConfig
+from transformer.sections.download import CleanConfig, SyntheticConfig
 
 SMALL = SyntheticConfig(train=2000, valid=200, test=200, seed=3)
 

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from transformer import tokenizer as T
-from transformer.config import SyntheticConfig, TokenizerConfig
+from transformer import vocab
 from transformer.files import read_lines
+from transformer.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
+from transformer.sections.download import SyntheticConfig
+from transformer.sections.tokenizer import TokenizerConfig
 from transformer.synthetic import generate
 
 LINES = [
@@ -53,8 +56,8 @@ def trained(request, tmp_path_factory):
 
 def test_special_ids_are_fixed(trained):
     _, _, _, tok = trained
-    assert [tok.token_to_id(s) for s in T.SPECIALS] == [T.PAD_ID, T.BOS_ID, T.EOS_ID, T.UNK_ID]
-    assert (T.PAD_ID, T.BOS_ID, T.EOS_ID, T.UNK_ID) == (0, 1, 2, 3)
+    assert [tok.token_to_id(s) for s in SPECIALS] == [PAD_ID, BOS_ID, EOS_ID, UNK_ID]
+    assert (PAD_ID, BOS_ID, EOS_ID, UNK_ID) == (0, 1, 2, 3)
 
 
 def test_vocab_size_is_exact(trained):
@@ -66,7 +69,7 @@ def test_exact_roundtrip_and_no_unk(trained):
     _, _, _, tok = trained
     for line in LINES + TRICKY:
         ids = tok.encode(line).ids
-        assert T.UNK_ID not in ids and T.EOS_ID not in ids, line
+        assert UNK_ID not in ids and EOS_ID not in ids, line
         assert tok.decode(ids) == line
 
 
@@ -78,12 +81,12 @@ def test_training_is_deterministic(trained):
 def test_save_load_and_hash(trained, tmp_path):
     kind, _, _, tok = trained
     T.save_tokenizer(tok, tmp_path, {"type": kind, "src_lang": "en", "tgt_lang": "de"})
-    back = T.load_tokenizer(tmp_path, expect={"type": kind})
+    back = vocab.load_tokenizer(tmp_path, expect={"type": kind})
     assert back.encode(TRICKY[5]).ids == tok.encode(TRICKY[5]).ids  # specials stay text
     assert back.decode(back.encode(TRICKY[4]).ids) == TRICKY[4]
-    assert T.tokenizer_sha256(tmp_path) == T.read_meta(tmp_path)["tokenizer_sha256"]
-    with pytest.raises(T.TokenizerError, match="type is"):
-        T.load_tokenizer(tmp_path, expect={"type": "other"})
+    assert vocab.tokenizer_sha256(tmp_path) == vocab.read_meta(tmp_path)["tokenizer_sha256"]
+    with pytest.raises(vocab.TokenizerError, match="type is"):
+        vocab.load_tokenizer(tmp_path, expect={"type": "other"})
 
 
 def test_tokenizer_from_another_run_is_refused(tmp_path):
@@ -93,22 +96,22 @@ def test_tokenizer_from_another_run_is_refused(tmp_path):
         tok = T.train_tokenizer(files, TokenizerConfig(vocab_size=300, min_frequency=1))
         T.save_tokenizer(tok, out, {"type": "bpe"})
     (a / "tokenizer.json").write_bytes((b / "tokenizer.json").read_bytes())
-    with pytest.raises(T.TokenizerError, match="another run"):
-        T.load_tokenizer(a)
-    with pytest.raises(T.TokenizerError, match="meta.json: missing"):
-        T.load_tokenizer(tmp_path)
+    with pytest.raises(vocab.TokenizerError, match="another run"):
+        vocab.load_tokenizer(a)
+    with pytest.raises(vocab.TokenizerError, match="meta.json: missing"):
+        vocab.load_tokenizer(tmp_path)
 
 
 def test_empty_training_split_is_an_error(tmp_path):
     (tmp_path / "train.en").write_text("")
-    with pytest.raises(T.TokenizerError, match="train.en: the training split is empty"):
+    with pytest.raises(vocab.TokenizerError, match="train.en: the training split is empty"):
         T.train_tokenizer([tmp_path / "train.en"], TokenizerConfig())
 
 
 @pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
 def test_vocab_smaller_than_alphabet_is_an_error(tmp_path, kind):
     files = _files(tmp_path, LINES)
-    with pytest.raises(T.TokenizerError, match="smaller than the alphabet"):
+    with pytest.raises(vocab.TokenizerError, match="smaller than the alphabet"):
         T.train_tokenizer(files, TokenizerConfig(type=kind, vocab_size=T.min_vocab_size(kind) - 1))
 
 
@@ -159,7 +162,7 @@ def test_cli_writes_tokenizer_and_metrics(tmp_path):
     m = json.loads(metrics.read_text())
     assert m["vocab_size"] == 600 and m["type"] == "wordpiece"
     assert m["valid"]["de"]["roundtrip_exact"] == 1.0 and m["valid"]["en"]["mean_tokens"] > 1
-    meta = T.read_meta(out)
+    meta = vocab.read_meta(out)
     assert (meta["type"], meta["src_lang"], meta["tgt_lang"]) == ("wordpiece", "en", "de")
     assert meta["train_sha256"] == T.training_sha256([raw / "train.en", raw / "train.de"])
     (raw / "train.de").write_text("")

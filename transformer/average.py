@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from transformer import checkpoint, config
+from transformer import checkpoint, settings
 from transformer.checkpoint import CheckpointError
-from transformer.config import AverageConfig, ConfigError
 from transformer.files import atomic_write, sha256_file
+from transformer.sections.average import AverageConfig
+from transformer.settings import ConfigError
 
 STEP_RE = re.compile(r"step_(\d+)\.pt$")
 # what must agree between checkpoints for their weights to be averaged
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--params",
         type=Path,
-        default=config.PARAMS,
+        default=settings.PARAMS,
         help="params.yaml whose `average` section chooses from CKPT_DIR",
     )
     args = parser.parse_args(argv)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{args.inputs[0]}: no such checkpoint directory (run the train stage first)"
             )
         if args.out is None and len(args.inputs) == 2 and args.inputs[0].is_dir():
-            cfg = config.load(AverageConfig, "average", args.params)
+            cfg = settings.load(AverageConfig, "average", args.params)
             paths = select_checkpoints(args.inputs[0], cfg)
             out = args.inputs[1]
         elif args.out is not None and not any(p.is_dir() for p in args.inputs):

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from transformer.config import ConfigError, ModelConfig
 from transformer.files import atomic_write
 from transformer.model import Transformer
+from transformer.sections.model import ModelConfig
+from transformer.settings import ConfigError
 
 REQUIRED = ("model", "model_config", "vocab_size", "step")
 # the ModelConfig fields that change the function the weights compute (dropout rates do not)

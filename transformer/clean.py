@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transformer.config import CleanConfig
+from transformer.sections.download import CleanConfig
 
 REASONS = (
     "invalid_utf8",

@@ -14,7 +14,7 @@ import time
 import torch
 
 from transformer import dist
-from transformer.config import TrainConfig
+from transformer.sections.train import TrainConfig
 
 
 class Clock:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from transformer.files import sha256_file
-from transformer.tokenizer import BOS_ID, PAD_ID
+from transformer.ids import BOS_ID, PAD_ID
 
 if TYPE_CHECKING:
     import torch

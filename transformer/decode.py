@@ -23,20 +23,15 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from transformer import allocator, config, files
+from transformer import allocator, files, settings
 from transformer.checkpoint import CheckpointError, build_model
 from transformer.checkpoint import load as load_checkpoint
-from transformer.config import ConfigError, DecodeConfig
 from transformer.files import atomic_write
+from transformer.ids import BOS_ID, EOS_ID, PAD_ID
 from transformer.incremental import NEG_INF, Decoder, Ensemble
-from transformer.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    TokenizerError,
-    load_tokenizer,
-    tokenizer_sha256,
-)
+from transformer.sections.decode import MAX_ALPHA, DecodeConfig
+from transformer.settings import ConfigError
+from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 
 
 class DecodeError(ValueError):
@@ -333,7 +328,7 @@ def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> Non
     parser.add_argument(
         "--params",
         type=Path,
-        help=f"params.yaml whose sections give the defaults (default: ./{config.PARAMS}; "
+        help=f"params.yaml whose sections give the defaults (default: ./{settings.PARAMS}; "
         "translate without one uses the paper's decoding settings)",
     )
     parser.add_argument(
@@ -346,7 +341,7 @@ def add_decode_args(parser: argparse.ArgumentParser, multi: bool = False) -> Non
     parser.add_argument(
         "--length-penalty",
         type=float,
-        help=f"GNMT alpha in [0, {config.MAX_ALPHA:g}]; default: params",
+        help=f"GNMT alpha in [0, {MAX_ALPHA:g}]; default: params",
     )
     parser.add_argument(
         "--precision", choices=("fp32", "bf16", "int8"), help="default: params (int8: CPU only)"
@@ -363,14 +358,14 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     # no params.yaml (translating outside the project folder): the paper's defaults; a file
     # named with --params must exist
     cfg = DecodeConfig()
-    if args.params is not None or config.PARAMS.exists():
-        cfg = config.load(DecodeConfig, "decode", args.params or config.PARAMS)
+    if args.params is not None or settings.PARAMS.exists():
+        cfg = settings.load(DecodeConfig, "decode", args.params or settings.PARAMS)
     beams = args.beam_size if isinstance(args.beam_size, list) else [args.beam_size]
     if any(k is not None and k < 1 for k in beams):  # the flag named, not the params key
         raise ConfigError(f"--beam-size must be >= 1, got {min(beams)}")
-    if args.length_penalty is not None and not 0 <= args.length_penalty <= config.MAX_ALPHA:
+    if args.length_penalty is not None and not 0 <= args.length_penalty <= MAX_ALPHA:
         raise ConfigError(
-            f"--length-penalty must be in [0, {config.MAX_ALPHA:g}], got {args.length_penalty}"
+            f"--length-penalty must be in [0, {MAX_ALPHA:g}], got {args.length_penalty}"
         )
     over = {
         "beam_size": beams[0],
@@ -392,8 +387,8 @@ def unpack(args: argparse.Namespace) -> None:
             )
         args.model = pkg / "model.pt"
         args.tokenizer = args.tokenizer or pkg / "tokenizer"
-        if args.params is None and (pkg / config.PARAMS.name).is_file():
-            args.params = pkg / config.PARAMS.name
+        if args.params is None and (pkg / settings.PARAMS.name).is_file():
+            args.params = pkg / settings.PARAMS.name
     if args.tokenizer is None:
         raise DecodeError("--tokenizer is required unless --model is a package folder")
 

@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from transformer import config
+from transformer import settings
 from transformer.clean import Counts, HashSet, hashes, normalize, pair_filter
-from transformer.config import ConfigError, DownloadConfig
 from transformer.files import atomic_dir, sha256_file, write_json
+from transformer.sections.download import DownloadConfig
+from transformer.settings import ConfigError
 from transformer.sources import SPLITS, BadText, Part, SourceError, parts_for
 
 log = logging.getLogger("transformer.download")
@@ -188,11 +189,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("out_dir", type=Path, help="where {train,valid,test}.{src,tgt} go")
     parser.add_argument("--manifest", type=Path, help="write the manifest (JSON) here")
-    parser.add_argument("--params", type=Path, default=config.PARAMS, help="default: params.yaml")
+    parser.add_argument("--params", type=Path, default=settings.PARAMS, help="default: params.yaml")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        manifest = download(config.load(DownloadConfig, "download", args.params), args.out_dir)
+        manifest = download(settings.load(DownloadConfig, "download", args.params), args.out_dir)
     except (ConfigError, DownloadError, SourceError, OSError) as e:
         sys.exit(f"error: {e}")
     if args.manifest:

@@ -16,6 +16,7 @@ numbers computed the same way. Hypotheses go to OUT_DIR/hyps.{split}.txt.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -26,10 +27,9 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer import allocator, config
+from transformer import allocator, settings
 from transformer.checkpoint import CheckpointError
 from transformer.checkpoint import load as load_checkpoint
-from transformer.config import ConfigError, DecodeConfig, DownloadConfig, EvaluateConfig
 from transformer.decode import (
     DecodeError,
     Translator,
@@ -41,7 +41,11 @@ from transformer.decode import (
     write_lines,
 )
 from transformer.files import atomic_write, sha256_file
-from transformer.tokenizer import TokenizerError
+from transformer.sections.decode import DecodeConfig
+from transformer.sections.download import DownloadConfig
+from transformer.sections.evaluate import EvaluateConfig
+from transformer.settings import ConfigError
+from transformer.vocab import TokenizerError
 
 TOK_BLEU = "bleu_tok_compound_split"
 # tensor2tensor's get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG
@@ -105,6 +109,13 @@ def _model_lineage(path: Path) -> dict:
     }
 
 
+def set_sha256(files: list[Path]) -> str:
+    """The scored set's identity: one hash over its source and reference files (a score is only
+    comparable with one of the same set; the promotion gate checks it)."""
+    lines = "".join(f"{f.name}={sha256_file(f)}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 def read_split(raw_dir: Path, split: str, lang: str) -> list[str]:
     path = Path(raw_dir) / f"{split}.{lang}"
     if not path.is_file():
@@ -135,8 +146,10 @@ def evaluate_split(
     seconds = time.perf_counter() - t0
     write_lines(out_dir / hyps_name, hyps)
     cfg = tr.cfg
+    files = [Path(raw_dir) / f"{split}.{lang}" for lang in langs]
     return {
         "split": split,
+        "set_sha256": set_sha256(files),
         "n_sentences": len(src),
         **score(hyps, refs, langs[1], ev.tokenized_bleu),
         "reference_cleanup": cleanup,  # "none": the references as released
@@ -151,9 +164,9 @@ def evaluate_split(
 
 
 def run(args: argparse.Namespace) -> dict:
-    params = args.params or config.PARAMS
-    ev = config.load(EvaluateConfig, "evaluate", params)
-    dl = config.load(DownloadConfig, "download", params)
+    params = args.params or settings.PARAMS
+    ev = settings.load(EvaluateConfig, "evaluate", params)
+    dl = settings.load(DownloadConfig, "download", params)
     base: DecodeConfig = decode_config(args)
     splits, beams = args.split or [ev.split], args.beam_size or [base.beam_size]
     langs = (dl.src_lang, dl.tgt_lang)

@@ -16,9 +16,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from transformer.config import ConfigError
 from transformer.model import Transformer, sdpa
 from transformer.precision import resolve_precision
+from transformer.settings import ConfigError
 
 NEG_INF = float("-inf")
 

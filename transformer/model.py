@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.config import ModelConfig
+from transformer.ids import PAD_ID
 from transformer.ops import dropout, output_loss
-from transformer.tokenizer import PAD_ID
+from transformer.sections.model import ModelConfig
 
 # cuDNN's attention builds a plan for each new shape, hundreds of ms each, and every batch of a
 # length-bucketed run and every decoding step has a new shape; flash and memory-efficient

@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from transformer import checkpoint, config
+from transformer import checkpoint, config, settings
 from transformer.checkpoint import CheckpointError
-from transformer.config import ConfigError
 from transformer.files import atomic_dir, sha256_file
-from transformer.tokenizer import tokenizer_sha256
+from transformer.settings import ConfigError
+from transformer.vocab import tokenizer_sha256
 
 MODEL, TOKENIZER, LINEAGE, PARAMS = "model.pt", "tokenizer", "lineage.json", "params.yaml"
 NOT_PACKAGED = ("retrain",)  # params sections about orchestration, not the model
@@ -85,12 +85,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("tokenizer", type=Path, help="tokenizer directory")
     parser.add_argument("metrics", type=Path, help="the evaluate stage's metrics JSON")
     parser.add_argument("out_dir", type=Path, help="the package folder to write")
-    parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
+    parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
         config.load_all(args.params)  # validated before anything is written
         out = package(
-            args.model, args.tokenizer, args.metrics, config.read_params(args.params), args.out_dir
+            args.model,
+            args.tokenizer,
+            args.metrics,
+            settings.read_params(args.params),
+            args.out_dir,
         )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")

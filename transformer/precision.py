@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from transformer.config import ConfigError
+from transformer.settings import ConfigError
 
 
 def native_bf16(device: torch.device) -> bool:

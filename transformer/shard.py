@@ -31,11 +31,14 @@ import numpy as np
 from tokenizers import Tokenizer, models
 from tqdm import tqdm
 
-from transformer import config
-from transformer.config import ConfigError, DownloadConfig, ShardConfig
+from transformer import settings
 from transformer.data import FORMAT, INDEX, DataError, shard_name
 from transformer.files import atomic_dir, sha256_file, write_json
-from transformer.tokenizer import EOS_ID, UNK_ID, TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.ids import EOS_ID, UNK_ID
+from transformer.sections.download import DownloadConfig
+from transformer.sections.shard import ShardConfig
+from transformer.settings import ConfigError
+from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
 N_BUCKETS = 32  # source-length buckets of pass 1; each one is three temporary files
@@ -284,11 +287,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("tokenizer", type=Path, help="the tokenizer stage's output folder")
     parser.add_argument("out", type=Path, help="output folder: {split}/index.json + shards")
     parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")
-    parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
+    parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
-        cfg = config.load(ShardConfig, "shard", args.params)
-        dl = config.load(DownloadConfig, "download", args.params)
+        cfg = settings.load(ShardConfig, "shard", args.params)
+        dl = settings.load(DownloadConfig, "download", args.params)
         metrics = shard(args.raw, args.tokenizer, args.out, cfg, (dl.src_lang, dl.tgt_lang))
     except (DataError, TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")

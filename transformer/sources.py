@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from transformer import wmt
-from transformer.config import DownloadConfig, SourceSpec
+from transformer.sections.download import DownloadConfig, SourceSpec
 from transformer.wmt import SourceError
 
 log = logging.getLogger("transformer.download")
@@ -114,7 +114,7 @@ def _name(spec: SourceSpec, cfg: DownloadConfig) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _generate(seed: int, train: int, valid: int, test: int) -> dict:
-    from transformer.config import SyntheticConfig
+    from transformer.sections.download import SyntheticConfig
     from transformer.synthetic import generate
 
     return generate(SyntheticConfig(train=train, valid=valid, test=test, seed=seed))

@@ -20,7 +20,7 @@ from babel.dates import format_date, format_time
 from babel.units import format_unit
 from num2words import num2words
 
-from transformer.config import SyntheticConfig
+from transformer.sections.download import SyntheticConfig
 
 EN, DE = "en_US", "de_DE"
 NAMES = [

@@ -2,7 +2,7 @@
 
 One vocabulary is shared by source and target (§3.4 shares the embedding matrices too). Both
 types work on bytes (GPT-2's byte-level alphabet), so every line encodes without `<unk>` and
-decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (PAD_ID...).
+decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (transformer/ids.py).
 
     python -m transformer.tokenizer data/raw data/tokenizer --metrics data/metrics/tokenizer.json
 """
@@ -13,31 +13,25 @@ import argparse
 import hashlib
 import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from transformer import config
-from transformer.config import ConfigError, DownloadConfig, TokenizerConfig
+from transformer import settings
 from transformer.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
+from transformer.ids import SPECIALS, UNK_ID
+from transformer.sections.download import DownloadConfig
+from transformer.sections.tokenizer import TokenizerConfig
+from transformer.settings import ConfigError
+from transformer.vocab import FORMAT, TokenizerError, check_specials
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-# Mixing punctuation and letters, these strings can never be one pre-token of GPT-2's regex,
-# so no learned token can collide with them; encode_special_tokens stops literal matches.
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 TYPES = ("bpe", "wordpiece")
-FORMAT = 1
 # WordPiece's continuation marker. Not "##": "#" is in the byte alphabet, so a word-initial
 # "##" token would be indistinguishable from a continuation. "▸" is outside the alphabet.
 CONT = "\u25b8"
 BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols, sorted: deterministic
-
-
-class TokenizerError(ValueError):
-    """A tokenizer problem, naming the file or the parameter."""
 
 
 def min_vocab_size(kind: str) -> int:
@@ -98,7 +92,7 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
     if cfg.type == "wordpiece":
         tok = _skeleton(_complete_wordpiece(tok, cfg.vocab_size), "wordpiece")
         tok.add_special_tokens(SPECIALS)  # already ids 0..3 of the vocabulary
-    _check_specials(tok, "trained tokenizer")
+    check_specials(tok, "trained tokenizer")
     return tok
 
 
@@ -119,12 +113,6 @@ def _complete_wordpiece(tok: Tokenizer, vocab_size: int) -> models.WordPiece:
         continuing_subword_prefix=CONT,
         max_input_chars_per_word=1_000_000,  # the default 100 would turn long words into <unk>
     )
-
-
-def _check_specials(tok: Tokenizer, where: str) -> None:
-    got = [tok.token_to_id(s) for s in SPECIALS]
-    if got != [PAD_ID, BOS_ID, EOS_ID, UNK_ID]:
-        raise TokenizerError(f"{where}: special token ids {dict(zip(SPECIALS, got))} are not 0..3")
 
 
 def training_sha256(files: list[Path]) -> str:
@@ -149,55 +137,6 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, meta: dict) -> None:
         "tokenizers_version": tokenizers.__version__,
     }
     write_json(out_dir / "meta.json", meta)
-
-
-def read_meta(tok_dir: Path) -> dict[str, Any]:
-    """meta.json of a tokenizer directory, with a clear error when missing or unreadable."""
-    path = Path(tok_dir) / "meta.json"
-    if not path.exists():
-        raise TokenizerError(f"{path}: missing (run the tokenizer stage first)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise TokenizerError(f"{path}: not a format-{FORMAT} tokenizer meta file")
-    return meta
-
-
-def tokenizer_sha256(tok_dir: Path) -> str:
-    """Hash of tokenizer.json: recorded by the shards and checkpoints made with it."""
-    return sha256_file(Path(tok_dir) / "tokenizer.json")
-
-
-def load_tokenizer(tok_dir: Path, expect: Mapping[str, Any] | None = None) -> Tokenizer:
-    """Load and check a tokenizer directory; `expect` ({meta key: value}) must match meta.json."""
-    tok_dir = Path(tok_dir)
-    meta = read_meta(tok_dir)
-    path = tok_dir / "tokenizer.json"
-    if not path.exists():
-        raise TokenizerError(f"{path}: missing (run the tokenizer stage first)")
-    if (digest := sha256_file(path)) != meta.get("tokenizer_sha256"):
-        raise TokenizerError(
-            f"{path}: sha256 {digest[:12]}... does not match meta.json's "
-            f"{str(meta.get('tokenizer_sha256'))[:12]}... (a tokenizer.json from another run?)"
-        )
-    for key, want in (expect or {}).items():
-        if meta.get(key) != want:
-            raise TokenizerError(
-                f"{tok_dir}/meta.json: {key} is {meta.get(key)!r}, expected {want!r}"
-            )
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
-        raise TokenizerError(f"{path}: cannot be loaded ({e})") from None
-    if tok.get_vocab_size() != meta.get("vocab_size"):
-        raise TokenizerError(
-            f"{path}: {tok.get_vocab_size()} units, meta.json says {meta.get('vocab_size')}"
-        )
-    _check_specials(tok, str(path))
-    tok.encode_special_tokens = True  # not serialized by `tokenizers`: set on every load
-    return tok
 
 
 def stats(tok: Tokenizer, lines: dict[str, list[str]]) -> dict[str, Any]:
@@ -247,11 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("raw", type=Path, help="folder with {train,valid}.{src_lang,tgt_lang}")
     parser.add_argument("out", type=Path, help="output folder: tokenizer.json + meta.json")
     parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")
-    parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
+    parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
-        cfg = config.load(TokenizerConfig, "tokenizer", args.params)
-        dl = config.load(DownloadConfig, "download", args.params)
+        cfg = settings.load(TokenizerConfig, "tokenizer", args.params)
+        dl = settings.load(DownloadConfig, "download", args.params)
         metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang))
     except (TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")

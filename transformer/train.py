@@ -29,16 +29,19 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from transformer import allocator, checkpoint, config, dist
+from transformer import allocator, checkpoint, dist, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
-from transformer.config import ConfigError, ModelConfig, TrainConfig
 from transformer.data import Batch, BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.ids import PAD_ID
 from transformer.model import Transformer
 from transformer.precision import resolve_precision
 from transformer.report import Report
 from transformer.resume import load_resume, make_checkpoint, restore, write_checkpoint
-from transformer.tokenizer import PAD_ID, TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.sections.model import ModelConfig
+from transformer.sections.train import TrainConfig
+from transformer.settings import ConfigError
+from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 
 
 class NonFiniteLoss(RuntimeError):
@@ -318,12 +321,12 @@ def main(argv: list[str] | None = None) -> None:
         "(without it, or when the config differs, the checkpoints already "
         "in ckpt_dir are removed and training starts fresh)",
     )
-    parser.add_argument("--params", type=Path, default=config.PARAMS, help="params.yaml")
+    parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        mcfg = config.load(ModelConfig, "model", args.params)
-        tcfg = config.load(TrainConfig, "train", args.params)
+        mcfg = settings.load(ModelConfig, "model", args.params)
+        tcfg = settings.load(TrainConfig, "train", args.params)
         out = train(
             args.shards,
             args.tokenizer,

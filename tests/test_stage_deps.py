@@ -1,0 +1,97 @@
+"""An edit to a module reruns exactly the stages that run it, as DVC itself sees it.
+
+A copy of the project in a temporary git repository, its pipeline locked with `dvc commit` over
+stand-in outputs (what `dvc status` compares against is dvc.lock, not what the stages wrote, so
+nothing needs to train); then each module in turn gets one more line, and `dvc status` must name
+exactly the stages whose entry module imports it (tests/test_config.py's reading of the imports).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_config import imported_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sh(*cmd: str, cwd: Path) -> str:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def stale(repo: Path) -> set[str]:
+    """The stages `dvc status` reports as changed (DVC's API: the command's own code)."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        return {name.split(":")[-1] for name in r.status()}
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    repo = tmp_path_factory.mktemp("stage-deps")
+    ignore = shutil.ignore_patterns("__pycache__")
+    for pkg in ("transformer", "flows"):
+        shutil.copytree(ROOT / pkg, repo / pkg, ignore=ignore)
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, repo / name)
+    (repo / ".gitignore").write_text("/data/\n")
+    sh("git", "init", "-q", cwd=repo)
+    sh(sys.executable, "-m", "dvc", "init", "-q", cwd=repo)
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    for stage in stages.values():  # stand-ins: a file where the path has a suffix, else a folder
+        for out in stage.get("outs", []) + stage.get("metrics", []) + stage.get("plots", []):
+            path = repo / (next(iter(out)) if isinstance(out, dict) else out)
+            if path.suffix:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("{}\n")
+            else:
+                path.mkdir(parents=True, exist_ok=True)
+                (path / "stand-in").write_text("x\n")
+    sh(sys.executable, "-m", "dvc", "commit", "--force", "-q", cwd=repo)
+    sh("git", "add", "-A", cwd=repo)
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "locked", cwd=repo)
+    assert stale(repo) == set()
+    return repo, stages
+
+
+MODULES = sorted(
+    str(p.relative_to(ROOT))
+    for p in [*ROOT.glob("transformer/**/*.py"), *ROOT.glob("flows/*.py")]
+    if p.name != "__init__.py"
+)
+
+
+@pytest.mark.slow  # a `dvc status` per module: ~2 s each on a busy machine
+@pytest.mark.parametrize("module", MODULES)
+def test_an_edit_reruns_exactly_the_stages_that_import_the_module(locked, module) -> None:
+    repo, stages = locked
+    want = {
+        name
+        for name, stage in stages.items()
+        if module
+        in imported_modules(repo, re.search(r"-m (transformer\.\w+)", stage["cmd"]).group(1))
+    }
+    path = repo / module
+    text = path.read_text()
+    path.write_text(text + "# an edit\n")
+    try:
+        assert stale(repo) == want, f"an edit to {module}"
+    finally:
+        path.write_text(text)
+
+
+def test_the_trainer_and_the_gate_are_no_deps_of_training(locked) -> None:
+    """The edits issue 51 named: the BPE trainer, a promotion-gate setting, the presets."""
+    _, stages = locked
+    deps = set(stages["train"]["deps"])
+    for module in ("transformer/tokenizer.py", "flows/settings.py", "transformer/config.py"):
+        assert module not in deps

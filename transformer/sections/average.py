@@ -1,0 +1,19 @@
+"""The average stage's settings (params.yaml `average`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformer.settings import at_least, choice
+
+
+@dataclass
+class AverageConfig:
+    last_k: int = 5  # §6.1: 5 for base, 20 for big
+    by: str = "steps"  # steps | time (pick checkpoints at least interval_minutes apart)
+    interval_minutes: float = 10.0
+
+    def __post_init__(self) -> None:
+        choice("average.by", self.by, ("steps", "time"))
+        at_least("average", self, 1, "last_k")
+        at_least("average", self, 0, "interval_minutes")

@@ -1,0 +1,66 @@
+"""The train stage's settings (params.yaml `train`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformer.settings import ConfigError, at_least, choice, fraction
+
+
+@dataclass
+class TrainConfig:
+    nproc: int = 1  # torchrun --nproc_per_node
+    seed: int = 1
+    max_tokens: int = 4096  # per process and micro-batch, padded positions, each side
+    update_freq: int = 1  # gradient accumulation: micro-batches per update
+    max_steps: int = 600
+    time_budget_minutes: float = 0.0  # stop after this much training wall time; 0 = none
+    warmup_steps: int = 4000  # §5.3
+    lr_scale: float = 1.0  # multiplies the §5.3 rate
+    label_smoothing: float = 0.1  # §5.4
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # §5.3
+    adam_eps: float = 1e-9
+    clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (CUDA only) | auto (bf16 where native, else fp32)
+    save_every_steps: int = 100
+    save_every_minutes: float = 10.0  # §6.1: checkpoints at 10-minute intervals
+    keep_last: int = 5
+    valid_every_steps: int = 100
+    log_every_steps: int = 10
+    threads: int = 0  # torch.set_num_threads; 0 = torch's default
+    lr_decay: str = "none"  # none (§5.3) | linear | cosine: x(1 - progress) to 0 at the end
+    fused_adam: bool = True  # one fused kernel for Adam (CPU and CUDA); False = foreach
+
+    def __post_init__(self) -> None:
+        choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
+        choice("train.lr_decay", self.lr_decay, ("none", "linear", "cosine"))
+        at_least(
+            "train",
+            self,
+            1,
+            "nproc",
+            "max_tokens",
+            "update_freq",
+            "warmup_steps",
+            "log_every_steps",
+        )
+        at_least(
+            "train",
+            self,
+            0,
+            "max_steps",
+            "time_budget_minutes",
+            "clip_norm",
+            "save_every_steps",
+            "save_every_minutes",
+            "keep_last",
+            "valid_every_steps",
+            "threads",
+        )
+        if self.lr_scale <= 0:
+            raise ConfigError(f"train.lr_scale must be > 0, got {self.lr_scale}")
+        if self.max_steps < 1 and self.time_budget_minutes <= 0:
+            raise ConfigError("train.max_steps must be >= 1 unless time_budget_minutes is set")
+        fraction("train", self, "label_smoothing")
+        if len(self.adam_betas) != 2:
+            raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
