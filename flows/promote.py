@@ -24,8 +24,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import registry
+from flows.settings import RetrainConfig
 from flows.shell import logger, workspace_lock
 from flows.workspace import WorkspaceError, git
+from transformer.settings import ConfigError, load
 
 COMPARABLE = ("split", "test_sha256", "bleu_signature")
 
@@ -138,16 +140,19 @@ def report(out: dict[str, Any], title: str) -> str:
 @flow(name="promote", log_prints=True)
 def promote(experiment: str, project: str = ".", margin: float | None = None) -> dict[str, Any]:
     """Gate experiment `experiment` (name or revision); promote it if it beats the champion."""
-    from transformer.config import RetrainConfig, load
-
     root = Path(project).resolve()
     if margin is None:
-        margin = load(RetrainConfig, "retrain", root / "params.yaml").margin
+        margin = retrain_margin(root)
     with workspace_lock(root):
         commit = resolve_experiment(root, experiment)
         out = decide(root, commit, margin, f"promote flow run {flow_run.get_id()}")
     create_markdown_artifact(report(out, f"Promote {experiment}"), key="promotion-decision")
     return out
+
+
+def retrain_margin(project: Path) -> float:
+    """retrain.margin of the project's params.yaml (ConfigError naming the file if it cannot)."""
+    return load(RetrainConfig, "retrain", Path(project) / "params.yaml").margin
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        out = promote(args.experiment, args.project, args.margin)
-    except (WorkspaceError, registry.RegistryError) as e:
+        # checked before the flow starts: a bad params.yaml is one line, not a failed run
+        margin = retrain_margin(args.project) if args.margin is None else args.margin
+        out = promote(args.experiment, args.project, margin)
+    except (WorkspaceError, registry.RegistryError, ConfigError) as e:
         sys.exit(f"error: {e}")
     print(
         ("promoted as " + out["version"] if out["promoted"] else "not promoted")

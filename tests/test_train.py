@@ -16,9 +16,10 @@ import torch
 import yaml
 
 from transformer import checkpoint, download, precision, shard, tokenizer, train
-from transformer.config import ConfigError, TrainConfig
 from transformer.cpu_share import CpuShare
 from transformer.data import BatchSampler, load_split
+from transformer.sections.train import TrainConfig
+from transformer.settings import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1}
@@ -359,8 +360,9 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     from dataclasses import asdict
 
     from transformer import checkpoint
-    from transformer.config import ModelConfig, TrainConfig
     from transformer.resume import find_resume
+    from transformer.sections.model import ModelConfig
+    from transformer.sections.train import TrainConfig
 
     def meta(shards=("s1",), **train):
         return {
@@ -429,3 +431,19 @@ def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(c
     metrics = json.loads((live / "metrics.json").read_text())
     assert metrics["step"] == step and metrics["valid"]["nll"] > 0
     assert (live / "plots" / "metrics" / "valid" / "nll.tsv").read_text().split()[2] == str(step)
+
+
+def test_checkpoints_store_the_precision_the_run_resolved(corpus, tmp_path):
+    """train.precision auto is bf16 on one host and fp32 on another: a checkpoint records which,
+    and a resume on a host that resolves it otherwise starts afresh, saying why."""
+    ckpt_dir = tmp_path / "ckpt"
+    run(corpus, ckpt_dir, write_params(tmp_path / "p.yaml", precision="auto", max_steps=2))
+    resolved = precision.resolve_precision("auto", torch.device("cpu"), "train.precision")
+    last = checkpoint.list_checkpoints(ckpt_dir)[-1]
+    ckpt = checkpoint.load(last)
+    assert ckpt["train_config"]["precision"] == resolved
+    ckpt["train_config"]["precision"] = "fp32" if resolved == "bf16" else "bf16"  # another host
+    checkpoint.save(last, ckpt)
+    params = write_params(tmp_path / "p.yaml", precision="auto", max_steps=4)
+    out = run(corpus, ckpt_dir, params, "--resume")
+    assert "starting fresh" in out and "train_config differs ['precision']" in out, out

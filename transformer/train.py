@@ -239,7 +239,9 @@ def train(
         "vocab_size": vocab,
         "world_size": world,
         "tokenizer_sha256": sha,
-        "train_config": dataclasses.asdict(tcfg),
+        # as resolved: `auto` is bf16 on one host and fp32 on another, and a resume must not
+        # switch silently (a differing train_config starts afresh, saying so)
+        "train_config": {**dataclasses.asdict(tcfg), "precision": precision},
         "train_shards": [s["sha256"] for s in train_set.index["shards"]],
         "output_ids": None if ids is None else ids.tolist(),
     }
