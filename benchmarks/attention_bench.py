@@ -1,6 +1,6 @@
 """Attention on CPU: SDPA against model.py's spelled-out Eq. 1 (`model.attention`), by op.
 
-    python benchmarks/attention_bench.py [--calls 30]
+    python -m benchmarks.attention_bench [--calls 30]
 
 By op: one attention call (random q, k, v; padding masks, or causal) forward + backward under bf16
 autocast and in fp32, and forward only (inference mode), timed alternately for each kernel; the
@@ -11,14 +11,11 @@ other processes on the 2 cores distort it. Nothing is asserted: it prints a tabl
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer.model import attention
 
 # (B, h, T, d_k): Multi30k's batches (2048 tokens, T ~20) up to WMT's longer sentences

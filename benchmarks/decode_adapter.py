@@ -18,25 +18,15 @@ if __name__ == "__main__":  # a plug-in of the peers harness, not a script
 
 import torch
 
+from benchmarks.peer_model import build_model
 from transformer.allocator import keep_freed_memory
 from transformer.decode import Decoder, translate_ids
-from transformer.model import Transformer
 from transformer.sections.decode import DecodeConfig
-from transformer.sections.model import ModelConfig
 
 
 class Peer:
     def __init__(self, shape: dict, opts: dict):
-        torch.manual_seed(0)
-        assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
-        cfg = ModelConfig(
-            d_model=shape["d_model"],
-            d_ff=shape["ff"],
-            n_heads=shape["heads"],
-            n_layers=shape["enc_layers"],
-            dropout=shape["dropout"],
-        )
-        self.model = Transformer(cfg, shape["vocab"]).eval()
+        self.model = build_model(shape).eval()
         self.precision = opts.get("precision", "fp32")
         self.dec = Decoder(self.model, self.precision)
 

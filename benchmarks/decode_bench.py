@@ -1,6 +1,6 @@
 """Decoding speed against HF MarianMTModel.generate and CTranslate2, side by side in one run.
 
-    python benchmarks/decode_bench.py --shape small base --beam 1 4 --rounds 2 --threads 1
+    python -m benchmarks.decode_bench --shape small base --beam 1 4 --rounds 2 --threads 1
 
 Uses the peers' harness (../shared/bench/peers: run_one.py, same 256 sources of length 20-30,
 exactly 40 output tokens each, one batch) with a Python that has transformers + ctranslate2

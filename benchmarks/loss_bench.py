@@ -1,8 +1,8 @@
 """The output projection + label-smoothed loss, forward and backward: ops.output_loss against
 torch's own F.linear + F.cross_entropy(label_smoothing=), in one process, alternating.
 
-    python benchmarks/loss_bench.py [--rows 1930] [--vocab 8000 5365] [--d-model 256]
-    python benchmarks/loss_bench.py --step RUN_DIR [--rounds 24]
+    python -m benchmarks.loss_bench [--rows 1930] [--vocab 8000 5365] [--d-model 256]
+    python -m benchmarks.loss_bench --step RUN_DIR [--rounds 24]
 
 The defaults are one multi30k-en-de update: ~1,930 target tokens, d_model 256, the joint 8k
 vocabulary and the 5,365 units German uses (model.output_vocab: target).
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from itertools import islice
 from pathlib import Path
@@ -24,7 +23,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import config
 from transformer.allocator import keep_freed_memory
 from transformer.data import BatchSampler, load_split

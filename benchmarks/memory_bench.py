@@ -1,6 +1,6 @@
 """A training process's memory over many updates, under each allocator setting.
 
-    python benchmarks/memory_bench.py data/shards data/tokenizer --params params.yaml \\
+    python -m benchmarks.memory_bench data/shards data/tokenizer --params params.yaml \\
         --steps 1000 --every 100
 
 Each setting trains the same batches (the params' model, batch size, seed and threads; bf16
@@ -30,9 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from multi30k_mfu import add_run_args, setup  # benchmarks/ is on sys.path: the script's own folder
-
+from benchmarks.multi30k_mfu import add_run_args, setup
 from transformer import allocator
 
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
@@ -112,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     for setting in args.settings:  # one after another: two would share the 2 cores
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.memory_bench",  # from the same folder as this process
             str(args.shards),
             str(args.tokenizer),
             "--params",

@@ -1,6 +1,6 @@
 """The Multi30k results table and BLEU-over-time curve of finished training runs.
 
-    python benchmarks/multi30k_report.py RUN_DIR [RUN_DIR ...] [--curve MINUTES] [--int8]
+    python -m benchmarks.multi30k_report RUN_DIR [RUN_DIR ...] [--curve MINUTES] [--int8]
         [--length-penalty ALPHA ...] [--average K ...]
 
 RUN_DIR is a checkout after `python -m transformer.config preset multi30k-en-de && dvc repro`:

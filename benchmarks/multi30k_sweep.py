@@ -1,7 +1,7 @@
 """Choose settings on val: train variants of a preset side by side and score each on valid.
 
-    python benchmarks/multi30k_sweep.py SWEEP_DIR --variants VARIANTS.yaml [--jobs N]
-    python benchmarks/multi30k_sweep.py SWEEP_DIR --prepare        # raw/tokenizer/shards only
+    python -m benchmarks.multi30k_sweep SWEEP_DIR --variants VARIANTS.yaml [--jobs N]
+    python -m benchmarks.multi30k_sweep SWEEP_DIR --prepare        # raw/tokenizer/shards only
 
 VARIANTS.yaml maps a variant's name to dotted params overrides, merged over the preset:
 
@@ -36,7 +36,6 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 from transformer import config
 
 DATA_SECTIONS = ("download", "tokenizer", "shard")

@@ -3,14 +3,13 @@
 Efficiency = real tokens / padded positions, both sides together (a batch of n pairs costs
 n * max(src) + n * max(tgt)). Random batching packs shuffled pairs into the same budget.
 
-    python benchmarks/padding_bench.py                      # max_tokens 4096, BPE 8000
-    python benchmarks/padding_bench.py --max-tokens 25000 --vocab-size 37000 --type wordpiece
+    python -m benchmarks.padding_bench                      # max_tokens 4096, BPE 8000
+    python -m benchmarks.padding_bench --max-tokens 25000 --vocab-size 37000 --type wordpiece
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 from transformer import shard, tokenizer
 from transformer.data import BatchSampler, load_split
 from transformer.sections.shard import ShardConfig

@@ -21,28 +21,15 @@ if __name__ == "__main__":  # a plug-in of the peers harness, not a script
 import torch
 from common import BOS, fixed_length_beam_search
 
+from benchmarks.peer_model import build_model
 from transformer.allocator import keep_freed_memory
-from transformer.config import ModelConfig
 from transformer.incremental import Decoder
-from transformer.model import Transformer
 
 
 class Peer:
     def __init__(self, shape, opts):
-        torch.manual_seed(0)
         self.shape = shape
-        assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
-        paper = opts.get("paper", "off") == "on"
-        cfg = ModelConfig(
-            d_model=shape["d_model"],
-            d_ff=shape["ff"],
-            n_heads=shape["heads"],
-            n_layers=shape["enc_layers"],
-            dropout=shape["dropout"],
-            attention_dropout=0.0 if paper else shape["attention_dropout"],
-            activation_dropout=0.0 if paper else shape["activation_dropout"],
-        )
-        self.model = Transformer(cfg, shape["vocab"])
+        self.model = build_model(shape, paper=opts.get("paper", "off") == "on")
         self.autocast = opts.get("autocast", "off") == "bf16"
         self.opt = torch.optim.Adam(
             self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True

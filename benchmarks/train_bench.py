@@ -5,8 +5,8 @@ the torch.nn.Transformer reference and HF MarianMTModel, each in fp32 and bf16 a
 this project's model (benchmarks/peer_adapter.py) in both modes, and prints target tokens/s, the
 ratio to the fastest peer (goal: >= 1.3x) and MFU against the GEMM peak of RESULTS.md.
 
-    python benchmarks/train_bench.py --shape small --rounds 3
-    python benchmarks/train_bench.py --shape base --rounds 2 --python /tmp/perf/venv/bin/python
+    python -m benchmarks.train_bench --shape small --rounds 3
+    python -m benchmarks.train_bench --shape base --rounds 2 --python /tmp/perf/venv/bin/python
 
 The peers need `transformers` in a separate venv (../shared/bench/peers/README.md, Setup).
 """

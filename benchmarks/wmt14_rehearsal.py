@@ -1,8 +1,8 @@
 """WMT14 en-de at the paper's data size, offline: the preset end to end against a loopback mirror.
 
-    python benchmarks/wmt14_rehearsal.py --workdir /data/rehearsal          # base + big, full size
-    python benchmarks/wmt14_rehearsal.py --workdir /data/r --until shard --no-big   # data stages
-    python benchmarks/wmt14_rehearsal.py --workdir /tmp/r --pairs 200000 --test-segments 300 \
+    python -m benchmarks.wmt14_rehearsal --workdir /data/rehearsal          # base + big, full size
+    python -m benchmarks.wmt14_rehearsal --workdir /data/r --until shard --no-big   # data stages
+    python -m benchmarks.wmt14_rehearsal --workdir /tmp/r --pairs 200000 --test-segments 300 \
         --big-set model.d_model=256 model.d_ff=1024       # a quick check of the whole script
 
 Base: builds (or reuses) the mirror (wmt_mirror.py) under WORKDIR/mirror and serves it on
@@ -46,11 +46,8 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import wmt_mirror
-from wmt_corpus import ROOT
-
-sys.path.insert(0, str(ROOT))
+from benchmarks import wmt_mirror
+from benchmarks.wmt_corpus import ROOT
 from transformer.config import load_all
 
 STAGES = ("download", "tokenizer", "shard", "train", "average", "evaluate", "package")

@@ -1,8 +1,8 @@
 """A WMT14 en-de release on 127.0.0.1: the preset's archives, filled with generated text.
 
-    python benchmarks/wmt_mirror.py build /tmp/wmt_mirror                # 4.52M pairs, 0.6 GB, ~3 min
-    python benchmarks/wmt_mirror.py serve /tmp/wmt_mirror --port 8000    # until Ctrl-C
-    python benchmarks/wmt_mirror.py build /tmp/small --pairs 200000 --serve --port 8000
+    python -m benchmarks.wmt_mirror build /tmp/wmt_mirror                # 4.52M pairs, 0.6 GB, ~3 min
+    python -m benchmarks.wmt_mirror serve /tmp/wmt_mirror --port 8000    # until Ctrl-C
+    python -m benchmarks.wmt_mirror build /tmp/small --pairs 200000 --serve --port 8000
 
 and in a checkout, the preset with one override pointing every URL at the mirror:
 
@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tarfile
 import threading
 import time
@@ -40,8 +39,7 @@ from urllib.parse import urlparse
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by the tests
-from wmt_corpus import ROOT, Corpus
+from benchmarks.wmt_corpus import ROOT, Corpus
 
 PRESET = ROOT / "presets" / "wmt14-en-de-base.yaml"
 # lines of each de-en train part in the real release (wc -l), for their relative sizes

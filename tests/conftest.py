@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 from pathlib import Path
 
@@ -32,15 +32,9 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def load_benchmark():
-    """benchmarks/NAME.py as a module (benchmarks/ is scripts, not a package)."""
-
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    return load
+    """benchmarks/NAME.py as the module benchmarks.NAME (pytest puts the checkout on sys.path:
+    pyproject.toml's `pythonpath`)."""
+    return lambda name: importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture(scope="module")
