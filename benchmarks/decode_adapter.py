@@ -20,7 +20,8 @@ import torch
 
 from benchmarks.peer_model import build_model
 from transformer.allocator import keep_freed_memory
-from transformer.decode import Decoder, translate_ids
+from transformer.beam import translate_ids
+from transformer.incremental import Decoder
 from transformer.sections.decode import DecodeConfig
 
 

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer.beam import batches as decode_batches
+from transformer.beam import beam_search
 from transformer.config import ModelConfig
 from transformer.data import BatchSampler, collate
-from transformer.decode import batches as decode_batches
-from transformer.decode import beam_search
 from transformer.ids import BOS_ID, EOS_ID, PAD_ID
 from transformer.incremental import Decoder
 from transformer.model import Transformer, sdpa_backends, sinusoids

@@ -19,10 +19,10 @@ from test_train import MODEL, TRAIN, kill_and_resume, write_params
 from torch.profiler import ProfilerActivity, profile
 
 from transformer import checkpoint, precision, shard, tokenizer, train
+from transformer.beam import beam_search, translate_ids
 from transformer.clock import Clock
 from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
-from transformer.decode import beam_search, translate_ids
 from transformer.incremental import Decoder
 from transformer.model import Transformer
 from transformer.ops import _OutputCE, output_loss

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from transformer import checkpoint, decode
-from transformer.decode import DecodeError, Decoder, beam_search, load_translator, translate_ids
+from transformer.beam import beam_search, candidates, topk_rows, translate_ids
+from transformer.decode import DecodeError, Decoder, load_translator
 from transformer.ids import EOS_ID
 from transformer.incremental import Ensemble
 from transformer.model import Transformer
@@ -363,7 +364,7 @@ def test_topk_rows_equals_torch_topk(V, c):
     x[:, :3] = float("-inf")  # PAD/BOS/EOS blocked, as in beam search
     x[5, -1] = 100.0  # a row's best in the short last block
     want_v, _ = x.topk(c, dim=1)
-    got_v, got_i = decode.topk_rows(x, c)
+    got_v, got_i = topk_rows(x, c)
     assert torch.equal(got_v, want_v)
     assert torch.equal(x.gather(1, got_i), got_v)  # the indices point at those values
     assert all(len(set(row)) == c for row in got_i.tolist())  # no column twice in a row
@@ -374,7 +375,7 @@ def test_candidate_scores_are_log_probabilities():
     want = logits.log_softmax(-1)
     want[:, :2] = float("-inf")  # PAD, BOS
     scores = torch.tensor([[0.0, -1.0, -2.0]]).repeat(2, 1)  # (N=2, k=3)
-    top, beam, tok = decode.candidates(logits.clone(), scores, block_eos=False)  # (2, 6)
+    top, beam, tok = candidates(logits.clone(), scores, block_eos=False)  # (2, 6)
     total = (scores[:, :, None] + want.view(2, 3, 500)).view(2, -1)  # (N, k*V)
     assert torch.allclose(top, total.topk(6, dim=1)[0], atol=1e-4)
     assert torch.allclose(top, total.gather(1, beam * 500 + tok), atol=1e-4)

@@ -26,8 +26,8 @@ NEG_INF = float("-inf")
 class FastLinear(nn.Module):
     """nn.Linear through oneDNN, with the weight stored once in `dtype` (fp32 or bf16).
 
-    On this AMD CPU torch's default fp32 GEMM (MKL) takes a generic path; oneDNN runs the same
-    fp32 GEMM about 2x faster (../shared/bench/peers/RESULTS.md §1). bf16 runs the GEMM on a
+    On AMD CPUs torch's default fp32 GEMM (MKL) takes a generic path; oneDNN runs the same fp32
+    GEMM about 2x faster (../shared/bench/peers/RESULTS.md §1). bf16 runs the GEMM on a
     bf16 copy of the weight (cast once, not at every call as autocast would) and returns fp32.
     The weight is reordered once into oneDNN's blocked layout (what inductor's CPU freezing
     does), which oneDNN otherwise redoes at every call: 5-50% per GEMM at decoding sizes.
@@ -191,7 +191,7 @@ class Ensemble:
     """Several Decoders decoding as one: each step's distribution is the mean of theirs,
     log(1/M sum_m P_m), as in fairseq's ensembles (Sennrich et al. 2016 ensembled the last
     checkpoints of one run, or runs of several seeds). Same interface as Decoder for
-    decode.beam_search, with the cache (`use_cache=False` needs a single Decoder).
+    beam.beam_search, with the cache (`use_cache=False` needs a single Decoder).
 
     The models may differ in shape; they must share the tokenizer (load_translator checks).
     """

@@ -15,8 +15,12 @@ class DecodeConfig:
     length_penalty: float = 0.6  # §6.1 alpha
     max_len_a: float = 1.0  # max output length = a * src_len + b (§6.1: src + 50)
     max_len_b: int = 50
-    batch_tokens: int = 4096  # source tokens per batch, padding included (x beam_size rows)
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | int8 (dynamic quantization of Linears)
+    # source tokens per batch, padding included (x beam_size rows): 4096 bounds a CPU's memory;
+    # a GPU wants 16384 (docs/decoding.md)
+    batch_tokens: int = 4096
+    # fp32 | bf16 (weights cast once; on a CPU norms and softmax stay fp32) | int8 (CPU only:
+    # dynamic quantization of the Linears)
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         choice("decode.precision", self.precision, ("fp32", "bf16", "int8"))
