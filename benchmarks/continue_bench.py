@@ -209,17 +209,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--continue-minutes", type=float, default=3.0)
     parser.add_argument("--share", type=float, default=0.8, help="the champion's share of train")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--warmup", type=int, default=50, help="retrain.continuation.warmup_steps")
-    parser.add_argument(
-        "--lr-scale", type=float, default=0.25, help="retrain.continuation.lr_scale"
-    )
+    parser.add_argument("--warmup", type=int, default=30, help="retrain.continuation.warmup_steps")
+    # peak 128^-0.5 * 30^-0.5 * 0.1 = 1.6e-3: about where the champion's rate ended
+    parser.add_argument("--lr-scale", type=float, default=0.1, help="retrain.continuation.lr_scale")
     args = parser.parse_args(argv)
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     base = config.preset_params("multi30k-en-de")
-    base["train"].update(
-        time_budget_minutes=args.minutes, valid_every_steps=100, log_every_steps=50
+    # sized for minutes on a shared 2-core CPU: the demo's model, one thread (OpenMP's second
+    # thread costs more than it gives on busy cores), the 20-minute recipe's dropout and average
+    base["model"].update(
+        d_model=128, d_ff=512, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0
     )
+    base["train"].update(
+        time_budget_minutes=args.minutes,
+        threads=1,
+        warmup_steps=100,
+        lr_scale=0.35,  # peak 128^-0.5 * 100^-0.5 * 0.35 = 3.1e-3, the demo's
+        save_every_minutes=args.minutes / 12,
+        valid_every_steps=50,
+        log_every_steps=25,
+    )
+    base["average"]["last_k"] = 5
     langs = (base["download"]["src_lang"], base["download"]["tgt_lang"])
     raw = work / "raw"
     if not (raw / f"train.{langs[0]}").exists():
@@ -248,10 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         "warmup_steps": args.warmup,
         "lr_scale": args.lr_scale,
     }
-    # checkpoints as often, relative to the run's length, as the champion's (its last 6 averaged)
-    cont["train"]["save_every_minutes"] = (
-        base["train"]["save_every_minutes"] * args.continue_minutes / args.minutes
-    )
+    # checkpoints as often, relative to the run's length, as the champion's
+    cont["train"]["save_every_minutes"] = args.continue_minutes / 12
     continued = train_run("continued", work, raw, cont, Path(champion["package"]))
     print(json.dumps(continued), flush=True)
     rows = [champion, scratch, continued]
