@@ -15,6 +15,7 @@ words to single bytes.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ def fetch_parent(root: Path, ws: Path, dag: dict[str, Stage], version: str) -> P
     (out,) = [o for o in dag[lineage.PARENT].outs if o not in dag[lineage.PARENT].metrics]
     name, _ = registry.artifact(root)
     dest = ws / out
+    shutil.rmtree(dest, ignore_errors=True)  # into an existing folder DVC would nest it
     with Repo(str(root)) as repo:
         repo.artifacts.download(name, version=version, out=str(dest), force=True)
     logger().info("fetched the champion %s@%s into %s", name, version, dest)

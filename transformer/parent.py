@@ -51,13 +51,14 @@ def check(parent_dir: Path, version: str) -> dict[str, Any]:
     if not version:
         raise ParentError(
             "retrain.parent is empty: name the version data/parent holds (the retrain flow "
-            "sets it; by hand: dvc artifacts get . transformer --version V -o data/parent)"
+            "sets it; by hand, after dvc artifacts get . transformer --version V -o data/parent)"
         )
     model, tok = parent_dir / MODEL, parent_dir / TOKENIZER
     if not model.is_file():
         raise ParentError(
             f"{model}: missing. retrain.mode continue starts from the champion's package: "
-            f"dvc artifacts get . transformer --version {version} -o {parent_dir} --force"
+            f"rm -r {parent_dir} && dvc artifacts get . transformer --version {version} "
+            f"-o {parent_dir}"
         )
     try:
         ckpt = checkpoint.load(model, mmap=True)
