@@ -16,6 +16,7 @@ words to single bytes.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,10 @@ def plan(
     fetch_parent(root, ws, dag, version)
     extra = [f"retrain.parent={version}"]
     apply_params(ws, preset, [*overrides, *extra])
-    first = {n: dag[n] for n in (lineage.PARENT, lineage.TOKENIZER, lineage.SHARD)}
+    names = (lineage.PARENT, lineage.TOKENIZER, lineage.SHARD)  # download has run
+    first = {
+        n: replace(dag[n], upstream=tuple(u for u in dag[n].upstream if u in names)) for n in names
+    }
     run_stages(ws, first, *retries)  # the champion's tokenizer on the new data
     if (rate := oov_rate(ws, dag)) > cfg.max_oov_rate:
         return (

@@ -119,12 +119,14 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
     assert json.loads(status) == {}  # dvc.lock describes the workspace: the parent included
 
     # each reason to train from scratch instead, with its reason in the decision
-    for override, why in [
-        ("model.d_model=48", "the recipe changed model.d_model 32 -> 48 since v2.0.0"),
-        ("tokenizer.vocab_size=320", "the recipe changed tokenizer.vocab_size 300 -> 320"),
-        ("download.tgt_lang=fr", "the recipe changed download.tgt_lang 'de' -> 'fr'"),
+    for overrides, why in [
+        (
+            ["model.d_model=48", "tokenizer.vocab_size=320"],
+            "the recipe changed model.d_model 32 -> 48; tokenizer.vocab_size 300 -> 320",
+        ),
+        (["download.tgt_lang=fr"], "the recipe changed download.tgt_lang 'de' -> 'fr' since"),
     ]:
-        out = retrain(preset=PRESET, overrides=[override], project=str(project))
+        out = retrain(preset=PRESET, overrides=overrides, project=str(project))
         assert f"trained from scratch: {why}" in out["reason"], out["reason"]
         assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
         record = registry.record_at(project, out["candidate"]["experiment_commit"])
