@@ -142,8 +142,13 @@ def test_parent_stage_names_what_is_missing(tmp_path, champion):
     _, pkg = champion
     bad = tmp_path / "bad"
     subprocess.run(["cp", "-r", str(pkg), str(bad)], check=True)
-    (bad / "tokenizer/tokenizer.json").write_text("{}")  # another run's tokenizer.json
-    with pytest.raises(ParentError, match="tokenizer.json: sha256"):
+    (bad / "tokenizer/tokenizer.json").write_text("{}")  # another run's tokenizer, meta.json too
+    meta = json.loads((bad / "tokenizer/meta.json").read_text())
+    meta["tokenizer_sha256"] = hashlib.sha256(b"{}").hexdigest()
+    (bad / "tokenizer/meta.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        ParentError, match="tokenizer: not the tokenizer .*model.pt was trained with"
+    ):
         check(bad, "v3.0.0")
 
 

@@ -119,18 +119,16 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
     assert json.loads(status) == {}  # dvc.lock describes the workspace: the parent included
 
     # each reason to train from scratch instead, with its reason in the decision
-    for overrides, why in [
-        (
-            ["model.d_model=48", "tokenizer.vocab_size=320"],
-            "the recipe changed model.d_model 32 -> 48; tokenizer.vocab_size 300 -> 320",
-        ),
-        (["download.tgt_lang=fr"], "the recipe changed download.tgt_lang 'de' -> 'fr' since"),
-    ]:
-        out = retrain(preset=PRESET, overrides=overrides, project=str(project))
-        assert f"trained from scratch: {why}" in out["reason"], out["reason"]
-        assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
-        record = registry.record_at(project, out["candidate"]["experiment_commit"])
-        assert record["parent"] is None and "retrain.mode=scratch" in record["overrides"]
+    # a recipe whose model shape, tokenizer and language pair all differ: each named
+    changes = ["model.d_model=48", "tokenizer.vocab_size=320", "download.tgt_lang=fr"]
+    out = retrain(preset=PRESET, overrides=changes, project=str(project))
+    assert (
+        "trained from scratch: the recipe changed model.d_model 32 -> 48; "
+        "tokenizer.vocab_size 300 -> 320; download.tgt_lang 'de' -> 'fr' since v2.0.0"
+    ) in out["reason"], out["reason"]
+    assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
+    record = registry.record_at(project, out["candidate"]["experiment_commit"])
+    assert record["parent"] is None and "retrain.mode=scratch" in record["overrides"]
     greek = [" ".join(GREEK[(i + j) % 10] for j in range(8)) + "\n" for i in range(400)]
     write_corpus(source, corpus, 400, greek)  # new data in a script the tokenizer never saw
     out = retrain(preset=PRESET, project=str(project))
