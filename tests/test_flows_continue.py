@@ -31,14 +31,20 @@ def preset(corpus: Path) -> dict:
     return {
         "download": {"source": "local", "splits": split},
         "tokenizer": {"vocab_size": 300},
-        "model": {"d_model": 32, "d_ff": 64, "n_layers": 1},
-        "train": {"max_steps": 10, "save_every_steps": 5, "valid_every_steps": 5, "threads": 1},
+        "model": {"d_model": 64, "d_ff": 256, "n_layers": 1},
+        "train": {
+            "max_steps": 10,
+            "max_tokens": 1024,
+            "save_every_steps": 5,
+            "valid_every_steps": 5,
+            "threads": 1,
+        },
         "average": {"last_k": 2},
         "decode": {"beam_size": 1},
         "retrain": {
             "mode": "continue",
             "max_oov_rate": 0.4,  # this tiny vocabulary leaves ~1/4 of its own words to bytes
-            "continuation": {"max_steps": 60, "warmup_steps": 10, "lr_scale": 1.0},
+            "continuation": {"max_steps": 150, "warmup_steps": 20, "lr_scale": 0.3},
         },
     }
 
@@ -100,7 +106,7 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
     kept = (ws / "data/tokenizer/tokenizer.json").read_bytes()
     assert kept == (v1 / "tokenizer/tokenizer.json").read_bytes()
     ckpt = torch.load(max((ws / "data/checkpoints").glob("step_*.pt")), weights_only=True)
-    assert ckpt["parent_sha256"] == sha(v1 / "model.pt") and ckpt["step"] == 60
+    assert ckpt["parent_sha256"] == sha(v1 / "model.pt") and ckpt["step"] == 150
     shard = json.loads((ws / "data/metrics/shard.json").read_text())
     assert 0 < shard["vocabulary"]["oov_rate"] <= 0.4
     # lineage: the registry's record names the parent; DVC's hash of data/parent is the hash of
@@ -123,7 +129,7 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
     changes = ["model.d_model=48", "tokenizer.vocab_size=320", "download.tgt_lang=fr"]
     out = retrain(preset=PRESET, overrides=changes, project=str(project))
     assert (
-        "trained from scratch: the recipe changed model.d_model 32 -> 48; "
+        "trained from scratch: the recipe changed model.d_model 64 -> 48; "
         "tokenizer.vocab_size 300 -> 320; download.tgt_lang 'de' -> 'fr' since v2.0.0"
     ) in out["reason"], out["reason"]
     assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
