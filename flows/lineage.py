@@ -21,6 +21,7 @@ from flows.dag import Stage, locked_outs
 from transformer.metrics import KEYS
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
+PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
 NOT_RECIPE = ("retrain",)  # params.yaml sections that do not shape the model
 
 # field -> (stage whose metrics hold it, its key path there)
@@ -173,6 +174,10 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     if record["tokenizer_sha256"] is None:  # fall back to DVC's hash of the tokenizer outputs
         toks = lock.get(TOKENIZER, {})
         record["tokenizer_sha256"] = ",".join(f"{p}={h}" for p, h in sorted(toks.items())) or None
+    parent = read_metrics(snap, dag.get(PARENT))  # a continued run's parent version, ancestors
+    record["parent"] = parent.get("version")
+    record["parent_chain"] = parent.get("chain")
+    record["parent_hash"] = outs_hash(lock, dag, PARENT) or None  # the package DVC saw
     record["code_revision"] = rev
     record["code_hash"] = code_hash(snap.text("dvc.lock"))
     record["params_sha256"] = params_hash(snap.text("params.yaml"))

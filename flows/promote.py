@@ -24,9 +24,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import registry
-from flows.settings import RetrainConfig
 from flows.shell import logger, workspace_lock
 from flows.workspace import WorkspaceError, git
+from transformer.sections.retrain import RetrainConfig
 from transformer.settings import ConfigError, load
 
 COMPARABLE = ("split", "test_sha256", "bleu_signature")

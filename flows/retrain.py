@@ -5,24 +5,41 @@ changed since the champion; the candidate goes through the promotion gate (flows
 the code (DVC's hashes of the stages' commands and code deps; `dvc status` in the workspace),
 the recipe (the resolved params.yaml, `retrain` section aside). Nothing changed: nothing is
 trained.
+
+With `retrain.mode: continue` the candidate starts from the champion: its package is fetched
+into the parent stage's folder (dvc.yaml), its tokenizer kept, its weights trained on for
+`retrain.continuation`. It trains from scratch instead, saying why in the decision, when there is
+no champion, when the recipe changed the model's shape, the tokenizer's settings or the language
+pair, or when the champion's tokenizer leaves more than `retrain.max_oov_rate` of the new data's
+words to single bytes.
 """
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import lineage, registry
-from flows.dag import read_dag
+from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report
-from flows.shell import logger, workspace_lock
+from flows.shell import apply_params, logger, workspace_lock
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
+
+# params that must be the champion's for its weights and tokenizer to fit the recipe
+KEPT = {
+    "model": ("d_model", "d_ff", "n_heads", "n_layers", "pre_ln", "tie_embeddings", "output_vocab"),
+    "tokenizer": ("type", "vocab_size", "min_frequency"),
+    "download": ("src_lang", "tgt_lang"),
+}
 
 
 def identity(ws: Path, commit: str) -> dict[str, Any]:
@@ -37,6 +54,94 @@ def identity(ws: Path, commit: str) -> dict[str, Any]:
     }
 
 
+def unfit(champion_params: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """The KEPT settings in which the recipe differs from the champion's, as "key a -> b"."""
+    return [
+        f"{section}.{k} {champion_params.get(section, {}).get(k)!r} -> "
+        f"{params.get(section, {}).get(k)!r}"
+        for section, keys in KEPT.items()
+        for k in keys
+        if champion_params.get(section, {}).get(k) != params.get(section, {}).get(k)
+    ]
+
+
+def fetch_parent(root: Path, ws: Path, dag: dict[str, Stage], version: str) -> Path:
+    """The champion's package (`dvc artifacts get . NAME --version V`) into the parent stage's
+    output folder in the workspace, replacing what was there; that folder."""
+    from dvc.repo import Repo
+
+    (out,) = [o for o in dag[lineage.PARENT].outs if o not in dag[lineage.PARENT].metrics]
+    name, _ = registry.artifact(root)
+    dest = ws / out
+    shutil.rmtree(dest, ignore_errors=True)  # into an existing folder DVC would nest it
+    with Repo(str(root)) as repo:
+        repo.artifacts.download(name, version=version, out=str(dest), force=True)
+    logger().info("fetched the champion %s@%s into %s", name, version, dest)
+    return dest
+
+
+def oov_rate(ws: Path, dag: dict[str, Stage]) -> float:
+    """The shard stage's share of the train data's words its tokenizer leaves to bytes."""
+    flat = lineage.read_metrics(lineage.Snapshot(ws), dag.get(lineage.SHARD))
+    return float(lineage.pick(flat, ("vocabulary/oov_rate",)) or 0.0)
+
+
+def plan(
+    root: Path,
+    ws: Path,
+    dag: dict[str, Stage],
+    champion: dict[str, Any] | None,
+    preset: str | None,
+    overrides: list[str],
+    retries: tuple[int, float],
+) -> tuple[list[str], str | None, str]:
+    """How the candidate trains: (extra overrides, the parent version or None, why)."""
+    from transformer.sections.retrain import RetrainConfig
+    from transformer.settings import load, read_params
+
+    cfg = load(RetrainConfig, "retrain", ws / "params.yaml")
+    if cfg.mode == "scratch":
+        return [], None, "from scratch (retrain.mode scratch)"
+    scratch = ["retrain.mode=scratch"]
+    if not champion or not champion.get("version"):
+        return scratch, None, "from scratch: no champion to continue from"
+    version = champion["version"]
+    theirs = yaml.safe_load(
+        lineage.Snapshot(root, champion["experiment_commit"]).text("params.yaml") or "{}"
+    )
+    if differs := unfit(theirs, read_params(ws / "params.yaml")):
+        return (
+            scratch,
+            None,
+            f"from scratch: the recipe changed {'; '.join(differs)} since {version}",
+        )
+    fetch_parent(root, ws, dag, version)
+    extra = [f"retrain.parent={version}"]
+    apply_params(ws, preset, [*overrides, *extra])
+    names = (lineage.PARENT, lineage.TOKENIZER, lineage.SHARD)  # download has run
+    first = {
+        n: replace(dag[n], upstream=tuple(u for u in dag[n].upstream if u in names)) for n in names
+    }
+    run_stages(ws, first, *retries)  # the champion's tokenizer on the new data
+    if (rate := oov_rate(ws, dag)) > cfg.max_oov_rate:
+        return (
+            scratch,
+            None,
+            (
+                f"from scratch: {version}'s tokenizer leaves {rate:.2%} of the new train data's "
+                f"words to single bytes, more than retrain.max_oov_rate {cfg.max_oov_rate:.2%}"
+            ),
+        )
+    return (
+        extra,
+        version,
+        (
+            f"continued from {version} (its tokenizer kept, OOV rate {rate:.2%}; its weights "
+            "trained on for retrain.continuation)"
+        ),
+    )
+
+
 @flow(name="retrain", log_prints=True)
 def retrain(
     preset: str | None = "demo",
@@ -49,7 +154,7 @@ def retrain(
 ) -> dict[str, Any]:
     """Retrain the recipe when its data, code or params changed since the champion; promote the
     candidate only if it passes the gate. Returns the decision and why."""
-    from flows.settings import RetrainConfig
+    from transformer.sections.retrain import RetrainConfig
     from transformer.settings import load
 
     root = Path(project).resolve()
@@ -70,6 +175,7 @@ def retrain(
             "champion_before": champion,
             "candidate": None,
             "version": None,
+            "parent": None,
         }
         if not changed:
             out["reason"] = (
@@ -78,9 +184,11 @@ def retrain(
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
-            candidate = run_experiment(
-                ws, commit, preset, overrides, download_retries, retry_delay_s
-            )
+            retries = (download_retries, retry_delay_s)
+            extra, out["parent"], how = plan(root, ws, dag, champion, preset, overrides, retries)
+            logger().info("training %s", how)
+            apply_params(ws, preset, [*overrides, *extra])
+            candidate = run_experiment(ws, commit, preset, [*overrides, *extra], *retries)
             margin = load(RetrainConfig, "retrain", ws / "params.yaml").margin
             out.update(
                 decide(
@@ -91,7 +199,8 @@ def retrain(
                 )
             )
             out["stages"] = candidate["stages"]
-            out["reason"] = f"{', '.join(changed)} changed; {out['reason']}"
+            out["trained"] = how
+            out["reason"] = f"{', '.join(changed)} changed; trained {how}; {out['reason']}"
     logger().info("retrain: %s", out["reason"])
     create_markdown_artifact(report(out, "Retrain"), key="retrain-decision")
     return out

@@ -20,7 +20,6 @@ from typing import Any
 
 import yaml
 
-from flows.settings import RetrainConfig
 from transformer import settings
 from transformer.files import atomic_write
 from transformer.sections.average import AverageConfig
@@ -28,6 +27,7 @@ from transformer.sections.decode import DecodeConfig
 from transformer.sections.download import DownloadConfig
 from transformer.sections.evaluate import EvaluateConfig
 from transformer.sections.model import ModelConfig
+from transformer.sections.retrain import RetrainConfig
 from transformer.sections.shard import ShardConfig
 from transformer.sections.tokenizer import TokenizerConfig
 from transformer.sections.train import TrainConfig
@@ -43,7 +43,7 @@ SECTIONS: dict[str, type] = {
     "average": AverageConfig,
     "decode": DecodeConfig,
     "evaluate": EvaluateConfig,
-    "retrain": RetrainConfig,  # the flows' promotion gate (flows/settings.py)
+    "retrain": RetrainConfig,
 }
 
 

@@ -36,9 +36,15 @@ class PackageError(ValueError):
 
 
 def package(
-    model: Path, tokenizer_dir: Path, metrics: Path, params: dict[str, Any], out_dir: Path
+    model: Path,
+    tokenizer_dir: Path,
+    metrics: Path,
+    params: dict[str, Any],
+    out_dir: Path,
+    parent: Path | None = None,
 ) -> dict[str, Any]:
-    """Write out_dir; return its lineage record."""
+    """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
+    the version a continued run started from and its ancestors, where given)."""
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
     if want and want != got:
@@ -57,6 +63,11 @@ def package(
             f"{metrics} scores model {str(scored)[:12]}, not {model} "
             f"({sha[:12]}): run the evaluate stage first"
         )
+    if parent is not None:
+        try:
+            scores["parent"] = json.loads(Path(parent).read_text())
+        except (OSError, ValueError) as e:
+            raise PackageError(f"{parent}: not a readable metrics file ({e})") from None
     with atomic_dir(Path(out_dir)) as tmp:
         _link(model, tmp / MODEL)
         (tmp / TOKENIZER).mkdir()
@@ -85,17 +96,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("tokenizer", type=Path, help="tokenizer directory")
     parser.add_argument("metrics", type=Path, help="the evaluate stage's metrics JSON")
     parser.add_argument("out_dir", type=Path, help="the package folder to write")
+    parser.add_argument(
+        "--parent", type=Path, help="the parent stage's metrics JSON (into lineage.json)"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
         config.load_all(args.params)  # validated before anything is written
-        out = package(
-            args.model,
-            args.tokenizer,
-            args.metrics,
-            settings.read_params(args.params),
-            args.out_dir,
-        )
+        params = settings.read_params(args.params)
+        out = package(args.model, args.tokenizer, args.metrics, params, args.out_dir, args.parent)
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"{args.out_dir}: BLEU {out.get('bleu')} ({out.get('split', 'test')})")

@@ -23,12 +23,13 @@ import json
 import shutil
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, decoders, models
 from tqdm import tqdm
 
 from transformer import settings
@@ -38,11 +39,12 @@ from transformer.ids import EOS_ID, UNK_ID
 from transformer.sections.download import DownloadConfig
 from transformer.sections.shard import ShardConfig
 from transformer.settings import ConfigError
-from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.vocab import CONT, TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
 N_BUCKETS = 32  # source-length buckets of pass 1; each one is three temporary files
 GATHER = 1 << 16  # pairs per read / gather step of pass 2: bounds its scratch memory
+OOV_SAMPLE = 200_000  # lines of each train file the vocabulary fit is measured on
 
 
 def _chunks(src: Path, tgt: Path, size: int):
@@ -238,6 +240,35 @@ def _flush(out: Path, k: int, buf: list, dtype, limit: int) -> dict[str, Any]:
     return _write_shard(out / shard_name(k), sl, tl, src, tgt, dtype)
 
 
+def vocabulary_fit(tok: Tokenizer, files: list[Path], sample: int = OOV_SAMPLE) -> dict[str, Any]:
+    """The units the tokenizer lacks for this text: the words (pre-tokens of 2+ bytes) that no
+    unit of its vocabulary covers, left to single bytes, among the first `sample` lines of each
+    file. With a kept tokenizer (retrain.mode continue) it measures how new the new data is; a
+    byte-level tokenizer never emits <unk>, so this is its out-of-vocabulary rate."""
+    words: Counter[str] = Counter()
+    for f in files:
+        with open(f, encoding="utf-8", newline="\n") as fh:
+            for line in itertools.islice(fh, sample):
+                text = tok.normalizer.normalize_str(line.rstrip("\n"))
+                words.update(w for w, _ in tok.pre_tokenizer.pre_tokenize_str(text))
+    long = {w: n for w, n in words.items() if len(w) > 1}  # byte-level: one char per byte
+    oov = {
+        w: n
+        for w, n in long.items()
+        if all(len(t.value.removeprefix(CONT)) == 1 for t in tok.model.tokenize(w))
+    }
+    n_words, n_oov = sum(long.values()), sum(oov.values())
+    top = sorted(oov, key=lambda w: (-oov[w], w))[:10]
+    to_text = decoders.ByteLevel()
+    return {
+        "words": n_words,
+        "oov_words": n_oov,
+        "oov_rate": n_oov / max(n_words, 1),
+        "oov_types": len(oov),
+        "oov_examples": [to_text.decode([w]).strip() for w in top],
+    }
+
+
 def shard(
     raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig, langs: tuple[str, str]
 ) -> dict[str, Any]:
@@ -262,6 +293,7 @@ def shard(
     metrics["pairs_per_second"] = round(
         sum(m["pairs_in"] for m in metrics.values() if isinstance(m, dict)) / seconds, 1
     )
+    metrics["vocabulary"] = vocabulary_fit(tok, [Path(raw) / f"train.{lang}" for lang in langs])
     return metrics
 
 

@@ -23,14 +23,12 @@ from transformer import settings
 from transformer.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
 from transformer.ids import SPECIALS, UNK_ID
 from transformer.sections.download import DownloadConfig
+from transformer.sections.retrain import RetrainConfig
 from transformer.sections.tokenizer import TokenizerConfig
 from transformer.settings import ConfigError
-from transformer.vocab import FORMAT, TokenizerError, check_specials
+from transformer.vocab import CONT, FORMAT, TokenizerError, check_specials, load_tokenizer
 
 TYPES = ("bpe", "wordpiece")
-# WordPiece's continuation marker. Not "##": "#" is in the byte alphabet, so a word-initial
-# "##" token would be indistinguishable from a continuation. "▸" is outside the alphabet.
-CONT = "\u25b8"
 BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols, sorted: deterministic
 
 
@@ -155,26 +153,52 @@ def stats(tok: Tokenizer, lines: dict[str, list[str]]) -> dict[str, Any]:
     return out
 
 
-def build(raw: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> dict:
-    """The stage: train on raw/train.{src,tgt}, save to out_dir, return the metrics."""
-    files = [Path(raw) / f"train.{lang}" for lang in langs]
-    tok = train_tokenizer(files, cfg)
-    meta = {
-        "type": cfg.type,
-        "src_lang": langs[0],
-        "tgt_lang": langs[1],
-        "min_frequency": cfg.min_frequency,
-        "train_files": [f.name for f in files],
-        "train_sha256": training_sha256(files),
-    }
+def keep(parent: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> Tokenizer:
+    """A continued run's tokenizer: the parent's files as they are (not retrained), checked."""
+    expect = {"type": cfg.type, "min_frequency": cfg.min_frequency}
+    tok = load_tokenizer(parent, {**expect, "src_lang": langs[0], "tgt_lang": langs[1]})
     with atomic_dir(out_dir) as tmp:
-        save_tokenizer(tok, tmp, meta)
+        for name in ("tokenizer.json", "meta.json"):
+            (tmp / name).write_bytes((Path(parent) / name).read_bytes())
+    return tok
+
+
+def build(
+    raw: Path,
+    out_dir: Path,
+    cfg: TokenizerConfig,
+    langs: tuple[str, str],
+    parent: Path | None = None,
+) -> dict:
+    """The stage: train on raw/train.{src,tgt} (or keep the tokenizer folder `parent`), save to
+    out_dir, return the metrics."""
+    files = [Path(raw) / f"train.{lang}" for lang in langs]
+    if parent is not None:
+        tok = keep(parent, out_dir, cfg, langs)
+    else:
+        tok = train_tokenizer(files, cfg)
+        meta = {
+            "type": cfg.type,
+            "src_lang": langs[0],
+            "tgt_lang": langs[1],
+            "min_frequency": cfg.min_frequency,
+            "train_files": [f.name for f in files],
+            "train_sha256": training_sha256(files),
+        }
+        with atomic_dir(out_dir) as tmp:
+            save_tokenizer(tok, tmp, meta)
     valid = {
         lang: read_lines(Path(raw) / f"valid.{lang}", TokenizerError)
         for lang in langs
         if (Path(raw) / f"valid.{lang}").exists()
     }
-    return {"type": cfg.type, "vocab_size": tok.get_vocab_size(), "valid": stats(tok, valid)}
+    kept = {"kept_from": str(parent)} if parent is not None else {}
+    return {
+        "type": cfg.type,
+        "vocab_size": tok.get_vocab_size(),
+        **kept,
+        "valid": stats(tok, valid),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,12 +210,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("raw", type=Path, help="folder with {train,valid}.{src_lang,tgt_lang}")
     parser.add_argument("out", type=Path, help="output folder: tokenizer.json + meta.json")
     parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")
+    parser.add_argument(
+        "--parent",
+        type=Path,
+        help="the parent package folder: with retrain.mode continue its tokenizer/ is kept",
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
         cfg = settings.load(TokenizerConfig, "tokenizer", args.params)
         dl = settings.load(DownloadConfig, "download", args.params)
-        metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang))
+        mode = settings.load(RetrainConfig, "retrain", args.params).mode
+        parent = args.parent / "tokenizer" if args.parent and mode == "continue" else None
+        metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang), parent)
     except (TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")
     if args.metrics:

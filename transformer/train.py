@@ -33,12 +33,15 @@ from transformer import allocator, checkpoint, dist, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import Batch, BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.files import sha256_file
 from transformer.ids import PAD_ID
 from transformer.model import Transformer
+from transformer.parent import MODEL, continued_train_config, load_parent
 from transformer.precision import resolve_precision
 from transformer.report import Report
 from transformer.resume import load_resume, make_checkpoint, restore, write_checkpoint
 from transformer.sections.model import ModelConfig
+from transformer.sections.retrain import RetrainConfig
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
 from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
@@ -218,8 +221,10 @@ def train(
     live_dir: Path | None = None,
     resume: bool = False,
     progress_bar: bool = True,
+    parent: Path | None = None,
 ) -> dict[str, Any]:
-    """Train to max_steps / the time budget; returns the final step, seconds and metrics."""
+    """Train to max_steps / the time budget, from the weights of the package folder `parent`
+    where given (a continued retrain); returns the final step, seconds and metrics."""
     allocator.keep_freed_memory()
     rank, world, device = dist.init()
     if tcfg.threads:
@@ -244,12 +249,18 @@ def train(
         "train_config": {**dataclasses.asdict(tcfg), "precision": precision},
         "train_shards": [s["sha256"] for s in train_set.index["shards"]],
         "output_ids": None if ids is None else ids.tolist(),
+        "parent_sha256": sha256_file(Path(parent) / MODEL) if parent else None,
     }
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     learner = Learner(mcfg, tcfg, vocab, ids, device, precision)
     model, opt, scaler = learner.model, learner.opt, learner.scaler
     ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
+    if ckpt is None and parent is not None:  # a fresh continuation: the parent's weights
+        init, init_path = load_parent(parent, sha)
+        checkpoint.load_weights(model, init, init_path)
+        dist.print0(f"continuing from {init_path} (trained {init['step']} steps)")
+        del init
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
     sampler = BatchSampler(
         train_set.src_lens,
@@ -323,12 +334,22 @@ def main(argv: list[str] | None = None) -> None:
         "(without it, or when the config differs, the checkpoints already "
         "in ckpt_dir are removed and training starts fresh)",
     )
+    parser.add_argument(
+        "--parent",
+        type=Path,
+        help="the parent package folder: with retrain.mode continue training starts from its "
+        "weights, for retrain.continuation's steps and rate schedule",
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
         mcfg = settings.load(ModelConfig, "model", args.params)
         tcfg = settings.load(TrainConfig, "train", args.params)
+        rcfg = settings.load(RetrainConfig, "retrain", args.params)
+        parent = args.parent if rcfg.mode == "continue" and args.parent else None
+        if parent is not None:
+            tcfg = continued_train_config(tcfg, rcfg.continuation)
         out = train(
             args.shards,
             args.tokenizer,
@@ -338,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             args.live,
             args.resume,
             not args.no_progress,
+            parent,
         )
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
     except (ConfigError, CheckpointError, NonFiniteLoss, DataError, TokenizerError, OSError) as e:

@@ -17,6 +17,9 @@ from transformer.files import sha256_file
 from transformer.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
 
 FORMAT = 1  # meta.json's format
+# WordPiece's continuation marker. Not "##": "#" is in the byte alphabet, so a word-initial
+# "##" token would be indistinguishable from a continuation. "▸" is outside the alphabet.
+CONT = "\u25b8"
 
 
 class TokenizerError(ValueError):

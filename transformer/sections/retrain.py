@@ -1,0 +1,54 @@
+"""The retrain section's settings (params.yaml `retrain`): the promotion gate (flows/) and how a
+retrain starts, from scratch or from the champion, which the parent, tokenizer and train stages
+read in continue mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformer.settings import ConfigError, at_least, choice
+
+
+@dataclass
+class ContinuationConfig:
+    """How a `retrain.mode: continue` run trains on from the champion's weights: replaces
+    train.max_steps, time_budget_minutes, warmup_steps and lr_scale for that run (the rest of
+    `train` applies as it is). Adam starts afresh (fairseq's --reset-optimizer): the champion's
+    package holds the averaged weights, not its optimizer state."""
+
+    max_steps: int = 150  # updates of the continuation; 0 = until the time budget
+    time_budget_minutes: float = 0.0  # training wall time of the continuation; 0 = none
+    warmup_steps: int = 50  # its own §5.3 warmup, from step 1 of the continuation
+    lr_scale: float = 0.5  # multiplies its §5.3 rate (peak d_model^-0.5 * warmup^-0.5 * this)
+
+    def __post_init__(self) -> None:
+        at_least("retrain.continuation", self, 0, "max_steps", "time_budget_minutes")
+        at_least("retrain.continuation", self, 1, "warmup_steps")
+        if self.lr_scale <= 0:
+            raise ConfigError(f"retrain.continuation.lr_scale must be > 0, got {self.lr_scale}")
+        if self.max_steps < 1 and self.time_budget_minutes <= 0:
+            raise ConfigError(
+                "retrain.continuation.max_steps must be >= 1 unless time_budget_minutes is set"
+            )
+
+
+@dataclass
+class RetrainConfig:
+    """The promotion gate and how a retrain starts: from scratch, or from the champion (its
+    tokenizer kept, its weights trained on). The champion is a git tag (flows/registry.py);
+    `parent` names the version a continued run's data/parent holds."""
+
+    margin: float = 0.0  # promote a candidate only if its BLEU beats the champion's by more
+    mode: str = "scratch"  # scratch | continue (from the champion; falls back to scratch)
+    # continue falls back to scratch when this share of the new train data's words (of 2+
+    # bytes) is left to single bytes by the champion's tokenizer (the shard stage's oov_rate)
+    max_oov_rate: float = 0.01
+    parent: str = ""  # the registry version in data/parent; set by the retrain flow
+    continuation: ContinuationConfig = field(default_factory=ContinuationConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < float("inf"):  # NaN too: it would never promote
+            raise ConfigError(f"retrain.margin must be a number >= 0, got {self.margin}")
+        choice("retrain.mode", self.mode, ("scratch", "continue"))
+        if not 0 <= self.max_oov_rate <= 1:
+            raise ConfigError(f"retrain.max_oov_rate must be in [0, 1], got {self.max_oov_rate}")
