@@ -44,7 +44,7 @@ Decision rules, written before any GPU measured them (summary.md applies them; "
 a's target tokens/s over b's):
 - fused output loss on CUDA: Transformer.fused_loss becomes False on CUDA if ours_unfused_loss
   / ours >= 1.05 at 3,125 tokens in both base and big and >= 0.98 at every measured size; else
-  the fused op stays. Its GPU chunk (ops._OutputCE.CHUNK_ELEMENTS_GPU; 2^22 as on the CPU,
+  the fused op stays. Its GPU chunk (ops.CHUNK_ELEMENTS_GPU; 2^22 as on the CPU,
   then 2^28 by this rule on an H100) changes to the loss section's fastest if that is >= 1.05x
   faster at d_model 1024.
 - dropout on CUDA: F.dropout replaces the 16-bit-lane mask on CUDA (ops.LANE_DROPOUT without
@@ -80,7 +80,7 @@ import gpu_report
 
 from transformer import ops
 from transformer.incremental import Decoder
-from transformer.ops import _OutputCE, output_loss
+from transformer.ops import output_loss
 from transformer.precision import resolve_precision
 
 SECTIONS = ("tests", "loss", "train", "decode", "profile", "compile")
@@ -143,7 +143,7 @@ class Check:
                 "peak_source": source,
                 "budget_s": args.budget_s,
                 "gpu_state": _gpu_state(),
-                "gpu_loss_chunk": _OutputCE.CHUNK_ELEMENTS_GPU,
+                "gpu_loss_chunk": ops.CHUNK_ELEMENTS_GPU,
                 "mfu": "6 x trainable parameters (shared embedding once) x target tokens/s / peak",
             },
             "skipped": [],
@@ -307,14 +307,14 @@ def loss_variants(chk: Check, shape: str) -> None:
         loss.backward()
 
     def variant(chunk: int | None) -> float:
-        old = getattr(_OutputCE, key)
-        setattr(_OutputCE, key, chunk or old)
+        old = getattr(ops, key)
+        setattr(ops, key, chunk or old)
         try:
             for _ in range(2):
                 once(chunk is not None)
             times, _ = peers.timed(lambda _: once(chunk is not None), range(5), dev)
         finally:
-            setattr(_OutputCE, key, old)
+            setattr(ops, key, old)
         return round(1e3 * statistics.median(times), 3)
 
     for chunk in (1 << 22, 1 << 24, 1 << 26, 1 << 28, None):

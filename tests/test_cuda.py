@@ -18,14 +18,14 @@ from test_decode import copy_model, model_files, sources, translate_file  # noqa
 from test_train import MODEL, TRAIN, kill_and_resume, write_params
 from torch.profiler import ProfilerActivity, profile
 
-from transformer import checkpoint, precision, shard, tokenizer, train
+from transformer import checkpoint, ops, precision, shard, tokenizer, train
 from transformer.clock import Clock
 from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
 from transformer.decode import beam_search, translate_ids
 from transformer.incremental import Decoder
 from transformer.model import Transformer
-from transformer.ops import _OutputCE, output_loss
+from transformer.ops import output_loss
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 WORDS = [
@@ -113,7 +113,7 @@ def test_translate_cli_on_the_gpu(model_files, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_output_loss_on_the_gpu(fused, monkeypatch):
-    monkeypatch.setattr(_OutputCE, "CHUNK_ELEMENTS_GPU", 50 * 16)  # 16 rows: many chunks
+    monkeypatch.setattr(ops, "CHUNK_ELEMENTS_GPU", 50 * 16)  # 16 rows: many chunks
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(37, 8, device="cuda", generator=g, requires_grad=True)
     w = torch.randn(50, 8, device="cuda", generator=g, requires_grad=True)
