@@ -6,11 +6,13 @@ filler rows finite, the tensor update = the float one, an in-place rate, and the
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from test_train import corpus, kill_and_resume, run, write_params  # noqa: F401
 from torch import nn
 
 from transformer.config import ModelConfig, TrainConfig
@@ -194,11 +196,14 @@ def test_the_compiled_update_equals_eager_with_no_graph_break():
     s, t = lengths(24, seed=6, longest=14)
     sampler = BatchSampler(s, t, 48, 1, static=True)
     data = pairs(s, t)
-    batches = [collate([data[i] for i in idx], sampler.shape) for idx in sampler][:4]
+    batches = [collate([data[i] for i in idx], sampler.shape) for idx in sampler]
+    batches = [b for b in batches if b.src.shape == batches[0].src.shape][:2]  # one compile
     tcfg = TrainConfig(clip_norm=1.0)
     with dynamo_counters() as counters:
         eager = learner(tcfg, static=True)
-        compiled = learner(tcfg, static=True, compile=True, compile_backend="aot_eager")
+        compiled = learner(
+            tcfg, static=True, compile=True, compile_backend="aot_eager", compile_dynamic=False
+        )
         for b in batches:
             for le in (eager, compiled):
                 le.step([b], float(n_targets(b)), 1e-3)
@@ -231,3 +236,12 @@ def test_one_compiled_graph_per_batch_shape_over_epochs():
         assert first == len(shapes)  # one graph per shape ...
         assert counters["stats"]["unique_graphs"] == first  # ... and none in the next epoch
         assert not counters["graph_break"]
+
+
+def test_static_shapes_resume_exactly_and_are_reported(corpus, tmp_path):  # noqa: F811
+    out = kill_and_resume(corpus, tmp_path, static_shapes="on", update_freq=2)
+    assert "eager update, static-shape batches" in out
+    params = write_params(tmp_path / "p.yaml", static_shapes="on", max_steps=4, log_every_steps=2)
+    run(corpus, tmp_path / "ckpt", params, "--live", str(tmp_path / "live"))
+    train = json.loads((tmp_path / "live" / "metrics.json").read_text())["train"]
+    assert train["batch_shapes"] >= 1 and 0.3 < train["pad_efficiency"] <= 1.0

@@ -57,7 +57,8 @@ class Learner:
 
     static: the batches have a bounded set of shapes (the loss projects every position).
     graphs: on CUDA, each shape's update is captured as a CUDA graph and replayed (graphs.py).
-    compile: the loss runs torch.compile'd (compile_backend: inductor; aot_eager in tests).
+    compile: the loss runs torch.compile'd (compile_backend: inductor; aot_eager in tests), once
+    for every shape (compile_dynamic) or once per shape.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class Learner:
         graphs: bool = False,
         compile: bool = False,
         compile_backend: str = "inductor",
+        compile_dynamic: bool = True,
     ):
         self.cfg, self.device, self.static = tcfg, device, static
         self.model = Transformer(mcfg, vocab, ids).to(device)
@@ -92,7 +94,9 @@ class Learner:
         self.scale = torch.zeros((), dtype=torch.float32, device=device)  # world / n_tokens
         self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # (loss, nll) unread
         self.ddp = dist.wrap(WithLoss(self.model), device)
-        self.forward = compile_model(self.ddp, compile_backend) if compile else self.ddp
+        self.forward = self.ddp
+        if compile:
+            self.forward = compile_model(self.ddp, compile_backend, compile_dynamic)
         # a captured update keeps its gradients (graphs write them in place), and autocast's
         # cache of cast weights must not outlive a capture
         self.keep_grads, self.autocast_cache = graphs, not graphs
@@ -118,11 +122,11 @@ class Learner:
 
     def set_rate(self, lr: float) -> None:
         """The rate of the next updates, in place (a float where Adam is not fused)."""
-        if isinstance(self.opt.param_groups[0]["lr"], Tensor):
+        tensor = isinstance(self.opt.param_groups[0]["lr"], Tensor)
+        for g in self.opt.param_groups:  # Adam's load_state_dict puts in the saved rate's copy
+            g["lr"] = self.lr if tensor else lr
+        if tensor:
             self.lr.fill_(lr)
-        else:
-            for g in self.opt.param_groups:
-                g["lr"] = lr
 
     def step(self, batches: list[Batch], n_tokens: float, lr: float) -> None:
         """One update on `batches`, the micro-batches of this rank (on the host), holding n_tokens
