@@ -12,22 +12,23 @@ F.cross_entropy / F.dropout.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 
 import gpu_peers as peers
 import torch
 import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from transformer import ops
+from transformer import checkpoint, ops
 from transformer.config import ModelConfig, TrainConfig
-from transformer.data import Batch
+from transformer.data import Batch, BatchSampler, load_split
 from transformer.learner import Learner
 from transformer.train import update_path
 
@@ -116,8 +117,9 @@ def train_stage(
     shape: str, max_tokens: int, seconds: float, vocab: int, pairs: int, threads: int = 0
 ) -> dict:
     """`python -m transformer.train` for `seconds` of training on a synthetic corpus (made by the
-    real tokenizer and shard stages): its own tokens/s (dvclive's train/tokens_per_s, the last
-    log), steps, batch shapes and pad efficiency, and the path it said it runs."""
+    real tokenizer and shard stages): target tokens/s over its own training seconds (the final
+    checkpoint's step and seconds; its batches' targets counted by replaying its sampler: no
+    dvclive needed), its batch shapes and pad efficiency, and the path it said it runs."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         params = {
@@ -130,7 +132,6 @@ def train_stage(
                 "time_budget_minutes": seconds / 60,
                 "precision": "auto",
                 "label_smoothing": peers.EPS,
-                "log_every_steps": 100,
                 "valid_every_steps": 0,
                 "save_every_steps": 0,
                 "save_every_minutes": 0,
@@ -149,10 +150,9 @@ def train_stage(
             subprocess.run([py, "-m", *map(str, argv), "--params", str(p)], env=env, check=True)
         prep = time.perf_counter() - t
         cmd = [py, "-m", "transformer.train", d / "shards", d / "tok", d / "ckpt"]
-        cmd += ["--live", d / "live", "--params", p, "--no-progress"]
         t = time.perf_counter()
         run = subprocess.run(
-            list(map(str, cmd)),
+            [*map(str, cmd), "--params", str(p), "--no-progress"],
             env=env,
             capture_output=True,
             text=True,
@@ -162,18 +162,70 @@ def train_stage(
         wall = time.perf_counter() - t
         if run.returncode:
             raise RuntimeError(f"the train stage failed: {run.stdout[-1500:]}{run.stderr[-1500:]}")
-        m = json.loads((d / "live" / "metrics.json").read_text())["train"]
+        ckpt = checkpoint.load(checkpoint.list_checkpoints(d / "ckpt")[-1])
         said = [ln for ln in run.stdout.splitlines() if ln.startswith("training in")]
-        done = [ln for ln in run.stdout.splitlines() if ln.startswith("done:")]
+        data = load_split(d / "shards", "train")
+        static = bool(said) and "static-shape batches" in said[0]
+        sampler = BatchSampler(data.src_lens, data.tgt_lens, max_tokens, 1, static=static)
+        batches = (b for _ in range(ckpt["step"] // len(sampler) + 1) for b in sampler)
+        tokens = sum(int(data.tgt_lens[idx].sum()) for idx in islice(batches, ckpt["step"]))
         return {
-            "tokens_per_s": round(m["tokens_per_s"]),
-            "train_seconds": round(m["seconds"], 1),
-            "batch_shapes": m.get("batch_shapes"),
-            "pad_efficiency": m.get("pad_efficiency"),
+            "tokens_per_s": round(tokens / ckpt["train_seconds"]),
+            "steps": ckpt["step"],
+            "train_seconds": round(ckpt["train_seconds"], 1),
+            **sampler.stats,
             "path": said[0] if said else None,
-            "done": done[0] if done else None,
             "wall_s": round(wall, 1),
             "corpus_s": round(prep, 1),
             "vocab": vocab,
             "max_tokens": max_tokens,
         }
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the ATen ops dispatched below autograd (what an eager update launches, one by one):
+    all, views, dtype casts and matrix products."""
+
+    MATMULS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu")
+
+    def __init__(self):
+        super().__init__()
+        self.n = {"all": 0, "views": 0, "casts": 0, "matmuls": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.n["all"] += 1
+        self.n["views"] += func.is_view
+        self.n["casts"] += name == "_to_copy"
+        self.n["matmuls"] += name in self.MATMULS
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(shape: str, max_tokens: int, dtype, static: bool) -> dict:
+    """ATen ops of one update of the train stage (eager) on a CPU, for a model of `shape`'s
+    structure (layers and heads; d_model / 8 and 1,000 units, so that it runs in seconds: the
+    count does not depend on the widths), the output loss in one chunk as on a GPU."""
+    s = dict(peers.SHAPES[shape])
+    s["d_model"], s["d_ff"] = s["d_model"] // 8, s["d_ff"] // 8
+    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    tcfg = TrainConfig(label_smoothing=peers.EPS, precision=precision)
+    torch.manual_seed(0)
+    le = Learner(ModelConfig(**s), tcfg, 1000, None, torch.device("cpu"), precision, static)
+    work = peers.train_batches(1000, max_tokens, 2, None, static=static)
+    step = learner_step(le)
+    chunk, ops.CHUNK_ELEMENTS_CPU = ops.CHUNK_ELEMENTS_CPU, ops.CHUNK_ELEMENTS_GPU
+    try:
+        step(work[0])  # Adam's state is made in the first
+        with CountOps() as c:
+            step(work[1])
+    finally:
+        ops.CHUNK_ELEMENTS_CPU = chunk
+    return c.n
+
+
+if __name__ == "__main__":  # the op counts of docs/experiments/2026-11-26-gpu-update.md
+    for shape in ("base", "big"):
+        for dtype in (torch.bfloat16, torch.float32):
+            for static in (False, True):
+                n = count_ops(shape, 3125, dtype, static)
+                print(shape, str(dtype)[6:], "static" if static else "dynamic", n, flush=True)
