@@ -5,7 +5,7 @@ profile.txt).
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out DIR --budget-s 480   # a GPU
     python benchmarks/gpu_check.py --out DIR --reduced --device cpu              # CI, seconds
 
-Sections (--sections; run in the order train, stage, compile, tests, decode (base), profile,
+Sections (--sections; run in the order train, tests, stage, compile, decode (base), profile,
 variants, loss, decode (big); each measurement is skipped when too little of --budget-s is
 left, and one running out of it is stopped):
 - train: base and big (Table 3; the presets' dropout), 37k shared vocabulary, bf16 autocast,
@@ -325,9 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     # can take what the budget left out
     plan = [
         ("train", lambda: section_train(chk)),
+        ("tests", lambda: chk.run(("tests",), 30, lambda: gpu_sections.section_tests(chk))),
         ("stage", lambda: section_stage(chk)),
         ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
-        ("tests", lambda: chk.run(("tests",), 30, lambda: gpu_sections.section_tests(chk))),
         ("decode", lambda: gpu_sections.section_decode(chk, shapes[0])),
         ("profile", lambda: gpu_sections.section_profile(chk)),
         ("variants", lambda: section_train(chk, ("ours_unfused_loss", "ours_torch_dropout"))),
