@@ -137,9 +137,8 @@ class Learner:
         if self.graphs is not None:
             self.graphs.step(batches)
         else:
-            self.update(
-                [to_device(b, self.device) for b in batches], [n_targets(b) for b in batches]
-            )
+            counts = None if self.static else [n_targets(b) for b in batches]
+            self.update([to_device(b, self.device) for b in batches], counts)
 
     def update(self, batches: list[Batch], counts: list[int] | None) -> None:
         """The update on device batches: what graphs.py captures. counts: each batch's non-pad
@@ -151,7 +150,7 @@ class Learner:
             sync = contextlib.nullcontext() if last or not dist.is_dist() else self.ddp.no_sync()
             with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
                 with self.autocast():
-                    n = None if self.static else counts[i]
+                    n = None if counts is None else counts[i]
                     loss, nll = self.forward(*b, self.cfg.label_smoothing, n, self.static)
                 self.scaler.scale(loss * self.scale).backward()
             self.sums += torch.stack([loss.detach(), nll.detach()]).double()

@@ -69,16 +69,12 @@ def update_path(tcfg: TrainConfig, device: torch.device, precision: str) -> dict
     cuda = device.type == "cuda"
     static = tcfg.static_shapes == "on" or (tcfg.static_shapes == "auto" and cuda)
     graphs = tcfg.graphs == "auto" and cuda and static
-    why = (
-        "several processes (DDP)"
-        if dist.is_dist()
-        else "fp16's GradScaler"
-        if precision == "fp16"
-        else None
-    )
-    if graphs and why:
+    if graphs and (dist.is_dist() or precision == "fp16"):  # docs/training.md says why
+        why = "several processes (DDP)" if dist.is_dist() else "fp16's GradScaler"
         dist.print0(f"train.graphs auto: eager update, as {why} is not captured")
         graphs = False
+    if tcfg.compile and dist.is_dist():
+        dist.print0("train.compile: not with several processes (DDP); the loss runs eagerly")
     return {"static": static, "graphs": graphs, "compile": tcfg.compile and not dist.is_dist()}
 
 
