@@ -13,8 +13,9 @@ the pool), Adam's state (capturable: its step count on the device) and the loss 
 draws from the CUDA generator, whose offsets a replay advances as an eager update would.
 
 Not captured (learner.py runs them eagerly): a CPU; fp16 (GradScaler's skipped steps); several
-processes (DDP's hooks and NCCL under capture need its static-graph mode, 11 eager warm-up
-updates and DDP built on the side stream: not measured here, so not done).
+processes (DDP's hooks and NCCL under capture need its static-graph mode, NCCL's async error
+handling off, 11 eager warm-up updates and DDP built on the side stream: not measured here, so
+not done).
 """
 
 from __future__ import annotations
