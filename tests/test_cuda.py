@@ -1,5 +1,7 @@
-"""On a CUDA GPU (skipped without one): exact SIGKILL resume in bf16 and in fp16 with gradient
-scaling, decoding on the GPU as on the CPU, and the fused output loss there.
+"""On a CUDA GPU (skipped without one): exact SIGKILL resume in bf16 (the captured update, static
+shapes) and in fp16 with gradient scaling (eager), the captured update = the eager one, the
+compiled loss inside the graphs, updates that never wait for the GPU, decoding on the GPU as on
+the CPU, and the fused output loss there.
 
 benchmarks/gpu_check.py runs this file on a lent GPU with `pytest --noconftest`: that machine
 has no Prefect, DVC, Babel or num2words, so nothing here needs tests/conftest.py, and the corpus
