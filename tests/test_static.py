@@ -90,10 +90,16 @@ def model(seed: int = 0, **over) -> Transformer:
     return Transformer(ModelConfig(**{**MODEL, **over}), V)
 
 
-def test_padded_loss_and_gradients_equal_the_unpadded():
+@pytest.mark.parametrize("output_vocab", ["shared", "target"])
+def test_padded_loss_and_gradients_equal_the_unpadded(output_vocab):
     s, t = lengths(5, seed=2, longest=12)
     data = pairs(s, t)
-    m = model()
+    if output_vocab == "target":  # the softmax over the units the targets use (and EOS)
+        ids = torch.tensor(sorted({int(x) for _, tgt in data for x in tgt}))
+        torch.manual_seed(0)
+        m = Transformer(ModelConfig(**MODEL, output_vocab="target"), V, ids)
+    else:
+        m = model()
     tight, padded = collate(data), collate(data, (8, int(max(s.max(), t.max())) + 3))
     assert padded.src.shape[0] == 8  # three filler rows and three pad columns more
 
