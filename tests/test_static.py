@@ -270,3 +270,15 @@ def test_the_update_path_settings():
     for key, bad in (("static_shapes", "yes"), ("graphs", "on")):
         with pytest.raises(ConfigError, match=f"train.{key}"):
             TrainConfig(**{key: bad})
+
+
+def test_two_gloo_processes_train_on_static_shapes(corpus, tmp_path):  # noqa: F811
+    """DDP on static shapes: runs of 2 ranks x 2 micro-batches, batches of filler rows only
+    where a boundary holds fewer pairs than a run; both ranks finish with finite losses."""
+    params = write_params(
+        tmp_path / "p.yaml", static_shapes="on", update_freq=2, max_steps=4, log_every_steps=2
+    )
+    out = run(corpus, tmp_path / "ckpt", params, "--live", str(tmp_path / "live"), nproc=2)
+    assert "eager update, static-shape batches" in out
+    train = json.loads((tmp_path / "live" / "metrics.json").read_text())["train"]
+    assert np.isfinite(train["loss"]) and train["batch_shapes"] >= 1
