@@ -247,6 +247,7 @@ def test_one_compiled_graph_per_batch_shape_over_epochs():
         assert not counters["graph_break"]
 
 
+@pytest.mark.slow
 def test_static_shapes_resume_exactly_and_are_reported(corpus, tmp_path):  # noqa: F811
     out = kill_and_resume(corpus, tmp_path, static_shapes="on", update_freq=2)
     assert "eager update, static-shape batches" in out
@@ -272,6 +273,7 @@ def test_the_update_path_settings():
             TrainConfig(**{key: bad})
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_train_on_static_shapes(corpus, tmp_path):  # noqa: F811
     """DDP on static shapes: runs of 2 ranks x 2 micro-batches, batches of filler rows only
     where a boundary holds fewer pairs than a run; both ranks finish with finite losses."""
