@@ -164,7 +164,7 @@ def section_profile(chk) -> None:
             chk.run(("profile", shape, name), 20, lambda shape=shape, name=name: one(shape, name))
 
 
-def section_tests(chk, limit_s: float = 240) -> dict:
+def section_tests(chk, limit_s: float = 300) -> dict:
     """pytest on tests/test_cuda.py, its output in pytest.log (what it printed if it ran out
     of time, too)."""
     t = time.perf_counter()
