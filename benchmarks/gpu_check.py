@@ -5,35 +5,43 @@ profile.txt).
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out DIR --budget-s 480   # a GPU
     python benchmarks/gpu_check.py --out DIR --reduced --device cpu              # CI, seconds
 
-Sections (--sections; run in the order loss, train, compile, decode (base), tests, profile,
-decode (big); each measurement is skipped when too little of --budget-s is left, and one
-running out of it is stopped):
-- tests: tests/test_cuda.py under pytest (exact SIGKILL resume in bf16 and in fp16 with
-  gradient scaling, decoding and the output loss on the GPU); `--noconftest`, as the GPU
-  machine has no Prefect or DVC and these tests need no shared fixture. On a CPU all skip.
-- loss: the output projection + label-smoothed loss alone (forward and backward, bf16, 11,000
-  target tokens, the 37k vocabulary): ops.output_loss's chunks of 2^22..2^28 elements against
-  F.linear + F.cross_entropy.
+Sections (--sections; run in the order train, tests, stage, compile, decode (base), profile,
+variants, loss, decode (big); each measurement is skipped when too little of --budget-s is
+left, and one running out of it is stopped):
 - train: base and big (Table 3; the presets' dropout), 37k shared vocabulary, bf16 autocast,
-  fused Adam, batches as the train stage makes them (BatchSampler) at 3,125 (the presets' per-GPU
-  batch), 6,250 and 12,500 padded tokens per side, of realistic WMT lengths (gpu_peers.py);
-  the same batches for: ours (model.loss with the host's target count, so no host sync; the
-  fused output loss; ops.dropout's 16-bit lanes), ours with F.linear + F.cross_entropy
-  (ours_unfused_loss), ours with F.dropout (ours_torch_dropout), HF MarianMTModel with our
-  weights and Seq2SeqTrainer's label-smoothed cross-entropy on its logits (hf_marian), and
-  torch.nn.Transformer (torch_transformer). Target tokens/s is the median over the timed steps
-  (device events; after the warm-up steps and a first, cold pass over the same batches, whose
-  rate is kept as tokens_per_s_cold) of each step's non-pad target tokens over its time;
-  peak memory is torch.cuda.max_memory_allocated.
+  at 3,125 (the presets' per-GPU batch), 12,500 and 25,000 padded tokens per side, pairs of
+  realistic WMT lengths (gpu_peers.py). Ours is the train stage's own update (learner.Learner,
+  gpu_train.py) on batches as the train stage makes them: "ours" its default on the device
+  (CUDA: static-shape batches, each shape's update a replayed CUDA graph), "ours_eager" the
+  eager update on batches of any shape (the update before graphs). The peers, on today's
+  sampler's batches: HF MarianMTModel with our weights and Seq2SeqTrainer's label-smoothed
+  cross-entropy on its logits (hf_marian), torch.nn.Transformer (torch_transformer). Target
+  tokens/s (non-pad targets only) is the median over the timed steps (device events; after the
+  warm-up steps and a first, cold pass over the same batches, kept as tokens_per_s_cold) of
+  each step's targets over its time. A captured contender first runs its batches 3 times
+  (2 eager updates and the capture per shape: prime_s, capture_s). Peak memory:
+  torch.cuda.max_memory_allocated.
+- stage: `python -m transformer.train` itself for 60 s of training (base, 3,125 tokens, a
+  synthetic corpus of 50,000 pairs through the real tokenizer (8,000 units) and shard stages):
+  its own logged tokens/s, so that its loader, clock and logging are seen not to be the limit.
+- compile: ours with the loss under torch.compile (inductor, one dynamic-shape compile) inside
+  the graphs (ours_compiled; compiling and capturing in prime_s).
+- tests: tests/test_cuda.py under pytest (exact SIGKILL resume in bf16 on the captured path
+  and in fp16, the captured update = the eager one, decoding and the output loss on the GPU);
+  `--noconftest`, as the GPU machine has no Prefect or DVC. On a CPU all skip.
 - decode: 3,003 sentences of newstest-like lengths, beam 4, translate's batches (16,384 padded
   source tokens), ours (incremental.Decoder, bf16 on a GPU; then fp32) and HF generate with the
   same weights, batches and precision; base here, big at the very end. Random weights emit EOS
   at random, so every sentence of a batch gets exactly that batch's longest reference length
   in tokens (EOS blocked before, length penalty 1): equal work, and a lower bound on ours,
   whose real runs drop finished sentences from the batch.
-- profile: torch.profiler over 3 steps of ours at 3,125 tokens (profile.txt, the top ops).
-- compile: ours_torch_dropout with encode and decode_features under torch.compile, dynamic
-  shapes (ours_compiled; its first, compiling steps timed apart as warmup_s).
+- profile: torch.profiler over 3 updates of ours and of ours_eager at 3,125 tokens
+  (profile.txt): ATen ops the host dispatches per update, and the GPU's busy share.
+- variants: ours with F.linear + F.cross_entropy (ours_unfused_loss), with F.dropout
+  (ours_torch_dropout).
+- loss: the output projection + label-smoothed loss alone (forward and backward, bf16, 11,000
+  target tokens, the 37k vocabulary): ops.output_loss's chunks of 2^22..2^28 elements against
+  F.linear + F.cross_entropy.
 
 MFU = 6 × N × target tokens/s / peak, N the trainable parameters with the shared embedding and
 output matrix counted once; attention's own FLOPs are not counted (as in the published
@@ -44,18 +52,13 @@ Decision rules, written before any GPU measured them (summary.md applies them; "
 a's target tokens/s over b's):
 - fused output loss on CUDA: Transformer.fused_loss becomes False on CUDA if ours_unfused_loss
   / ours >= 1.05 at 3,125 tokens in both base and big and >= 0.98 at every measured size; else
-  the fused op stays. Its GPU chunk (ops._OutputCE.CHUNK_ELEMENTS_GPU; 2^22 as on the CPU,
-  then 2^28 by this rule on an H100) changes to the loss section's fastest if that is >= 1.05x
-  faster at d_model 1024.
+  the fused op stays. Its GPU chunk (ops.CHUNK_ELEMENTS_GPU; 2^28 since an H100 run) changes
+  to the loss section's fastest if that is >= 1.05x faster at d_model 1024.
 - dropout on CUDA: F.dropout replaces the 16-bit-lane mask on CUDA (ops.LANE_DROPOUT without
   "cuda") if ours_torch_dropout / ours >= 1.03 at 3,125 tokens in both base and big and >= 0.98
   at every size.
-- torch.compile: the train stage compiles encode/decode_features on CUDA if ours_compiled /
-  ours_torch_dropout >= 1.10 at 3,125 tokens in both base and big, its compiling steps taking
-  < 120 s in all; else eager stays.
-The first H100 runs met the first two rules on figures that the order of the contenders had
-skewed (each ran on shapes its predecessors had warmed); timed on seen shapes since, they wait
-for the next run (docs/experiments/2026-11-26-gpu-h100.md).
+- torch.compile: train.compile's default becomes true if ours_compiled / ours >= 1.10 at 3,125
+  tokens in both base and big, its compiling and capturing taking < 120 s in all; else off.
 """
 
 from __future__ import annotations
@@ -65,7 +68,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -77,20 +79,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import gpu_peers as peers
 import gpu_report
+import gpu_sections
+import gpu_train
 
 from transformer import ops
-from transformer.incremental import Decoder
-from transformer.ops import _OutputCE, output_loss
 from transformer.precision import resolve_precision
 
-SECTIONS = ("tests", "loss", "train", "decode", "profile", "compile")
-CONTENDERS = ("ours", "ours_unfused_loss", "ours_torch_dropout", "hf_marian", "torch_transformer")
+SECTIONS = ("tests", "loss", "train", "stage", "decode", "profile", "compile", "variants")
+CONTENDERS = ("ours", "ours_eager", "hf_marian", "torch_transformer")
 FULL = {
     "shapes": ("base", "big"),
     "vocab": 37_000,
-    "sizes": (3125, 6250, 12500),
-    "warmup": 3,
-    "steps": 15,
+    "sizes": (3125, 12500, 25000),
+    "warmup": 2,
+    "steps": 12,
+    "stage": {"seconds": 60, "vocab": 8000, "pairs": 50_000, "max_tokens": 3125, "threads": 0},
     "sentences": 3003,
     "batch_tokens": 16384,
     "loss_rows": 11000,
@@ -101,6 +104,7 @@ REDUCED = {
     "sizes": (256, 512),
     "warmup": 1,
     "steps": 2,
+    "stage": {"seconds": 3, "vocab": 300, "pairs": 300, "max_tokens": 256, "threads": 1},
     "sentences": 24,
     "batch_tokens": 128,
     "loss_rows": 300,
@@ -143,7 +147,7 @@ class Check:
                 "peak_source": source,
                 "budget_s": args.budget_s,
                 "gpu_state": _gpu_state(),
-                "gpu_loss_chunk": _OutputCE.CHUNK_ELEMENTS_GPU,
+                "gpu_loss_chunk": ops.CHUNK_ELEMENTS_GPU,
                 "mfu": "6 x trainable parameters (shared embedding once) x target tokens/s / peak",
             },
             "skipped": [],
@@ -223,39 +227,22 @@ def _gpu_state() -> str | None:
         return None
 
 
-def build(name: str, shape: str, chk: Check):
-    """(model, step kind) of a contender, from the same seed."""
+def train_contender(name: str, shape: str, work: dict, chk: Check) -> dict:
+    """A contender's figures at each batch size; MFU counts our parameters for every one."""
+    if name in gpu_train.OURS:  # the train stage's own update, on batches as it makes them
+        return gpu_train.contender(name, shape, list(work), chk.cfg, chk)
     V, dev = chk.cfg["vocab"], chk.device
     if name == "torch_transformer":
         torch.manual_seed(0)
-        return peers.TorchTransformer(shape, V).to(dev), "torch"
-    model = peers.ours(shape, V, dev)
-    if name == "hf_marian":
-        return peers.marian_from(model), "marian"
-    model.fused_loss = name != "ours_unfused_loss"
-    if name == "ours_compiled":
-        # symbolic shapes from the start: every batch has other lengths
-        model.encode = torch.compile(model.encode, dynamic=True)
-        model.decode_features = torch.compile(model.decode_features, dynamic=True)
-    return model, "ours"
-
-
-def train_contender(name: str, shape: str, work: dict, chk: Check) -> dict:
-    """A contender's figures at each batch size; MFU counts our parameters for every one."""
-    lanes = set(ops.LANE_DROPOUT)
-    if name in ("ours_torch_dropout", "ours_compiled"):  # F.dropout: one kernel, compilable
-        ops.LANE_DROPOUT.discard(chk.device.type)
-    try:
-        model, kind = build(name, shape, chk)
-        step = peers.train_step(model, kind, chk.dtype)
-        out = {"params": peers.n_params(model)}
-        n, peak = peers.mfu_params(shape, chk.cfg["vocab"]), chk.results["meta"]["peak_tflops"]
-        for size, batches in work.items():
-            out[str(size)] = peers.measure_steps(step, batches, chk.cfg["warmup"], n, peak)
-        return out
-    finally:
-        ops.LANE_DROPOUT.clear()
-        ops.LANE_DROPOUT.update(lanes)
+        model, kind = peers.TorchTransformer(shape, V).to(dev), "torch"
+    else:
+        model, kind = peers.marian_from(peers.ours(shape, V, dev)), "marian"
+    step = peers.train_step(model, kind, chk.dtype)
+    out = {"params": peers.n_params(model)}
+    n, peak = peers.mfu_params(shape, V), chk.results["meta"]["peak_tflops"]
+    for size, batches in work.items():
+        out[str(size)] = peers.measure_steps(step, batches, chk.cfg["warmup"], n, peak)
+    return out
 
 
 def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
@@ -263,8 +250,9 @@ def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
         if chk.skip(f"train/{shape}/{','.join(names)}", need_s):
             continue
         n = chk.cfg["warmup"] + chk.cfg["steps"]
-        work = {
-            size: peers.train_batches(chk.cfg["vocab"], size, n, chk.device)
+        peer = any(name not in gpu_train.OURS for name in names)
+        work = {  # the peers' batches (today's sampler, on the device); ours makes its own
+            size: peers.train_batches(chk.cfg["vocab"], size, n, chk.device) if peer else None
             for size in chk.cfg["sizes"]
         }
         chk.results.setdefault("train", {}).setdefault(shape, {})["params_mfu"] = peers.mfu_params(
@@ -281,170 +269,21 @@ def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
             )
 
 
-def section_loss(chk: Check) -> None:
-    for shape in chk.cfg["shapes"]:
-        if not chk.skip(f"loss/{shape}", 10):
-            loss_variants(chk, shape)
-
-
-def loss_variants(chk: Check, shape: str) -> None:
-    """Forward + backward of the output loss alone, per chunk size and unfused."""
-    V, N, D, dev = (
-        chk.cfg["vocab"],
-        chk.cfg["loss_rows"],
-        peers.SHAPES[shape]["d_model"],
-        chk.device,
+def section_stage(chk: Check) -> None:
+    """The train stage itself (the first shape, the first size) for a minute, end to end."""
+    c = chk.cfg["stage"]
+    chk.run(
+        ("stage", chk.cfg["shapes"][0]),
+        c["seconds"] + 60,
+        lambda: gpu_train.train_stage(
+            chk.cfg["shapes"][0],
+            c["max_tokens"],
+            c["seconds"],
+            c["vocab"],
+            c["pairs"],
+            c["threads"],
+        ),
     )
-    g = torch.Generator(device=dev).manual_seed(0)
-    h = torch.randn(N, D, device=dev, generator=g, requires_grad=True)
-    w = (torch.randn(V, D, device=dev, generator=g) * D**-0.5).requires_grad_()
-    y = torch.randint(4, V, (N,), device=dev, generator=g)
-    key = "CHUNK_ELEMENTS_CPU" if dev.type == "cpu" else "CHUNK_ELEMENTS_GPU"
-
-    def once(fused: bool) -> None:
-        with torch.autocast(dev.type, dtype=chk.dtype, enabled=chk.dtype != torch.float32):
-            loss, _ = output_loss(h, w, y, peers.EPS, fused)
-        loss.backward()
-
-    def variant(chunk: int | None) -> float:
-        old = getattr(_OutputCE, key)
-        setattr(_OutputCE, key, chunk or old)
-        try:
-            for _ in range(2):
-                once(chunk is not None)
-            times, _ = peers.timed(lambda _: once(chunk is not None), range(5), dev)
-        finally:
-            setattr(_OutputCE, key, old)
-        return round(1e3 * statistics.median(times), 3)
-
-    for chunk in (1 << 22, 1 << 24, 1 << 26, 1 << 28, None):
-        label = "unfused" if chunk is None else f"fused_chunk_2^{chunk.bit_length() - 1}"
-        chk.run(("loss", shape, label), 5, lambda chunk=chunk: variant(chunk))
-
-
-def section_decode(chk: Check, shape: str) -> None:
-    if chk.skip(f"decode/{shape}", 30):
-        return
-    srcs, refs = peers.test_set(chk.cfg["sentences"], chk.cfg["vocab"])
-    plan = peers.decode_plan(srcs, refs, chk.cfg["batch_tokens"])
-    model = peers.ours(shape, chk.cfg["vocab"], chk.device).eval()
-    low = "bf16" if chk.dtype == torch.bfloat16 else "fp32"
-    outputs: dict = {}
-
-    def run(name: str, decode) -> dict:
-        fig, outputs[name] = peers.time_decode(decode, plan, chk.device)
-        return fig
-
-    def ours(precision: str):
-        dec = Decoder(model, precision)
-        return lambda p: peers.decode_ours(dec, srcs, p, 4)
-
-    meta = {
-        "sentences": len(srcs),
-        "beam": 4,
-        "batches": len(plan),
-        "source_tokens": sum(map(len, srcs)),
-        "batch_tokens": chk.cfg["batch_tokens"],
-    }
-    chk.results.setdefault("decode", {})[shape] = {"workload": meta}
-    chk.run(("decode", shape, f"ours_{low}"), 30, lambda: run(f"ours_{low}", ours(low)))
-    if _version("transformers") is None:
-        chk.results["skipped"].append(f"decode/{shape}/hf_generate: no transformers")
-    else:
-
-        def hf_generate() -> dict:
-            hf = peers.marian_from(model).to(dtype=chk.dtype)
-            return run(f"hf_generate_{low}", lambda p: peers.decode_hf(hf, srcs, p, 4))
-
-        chk.run(("decode", shape, f"hf_generate_{low}"), 60, hf_generate)
-    if low != "fp32":
-        chk.run(("decode", shape, "ours_fp32"), 30, lambda: run("ours_fp32", ours("fp32")))
-    a, b = (outputs.get(f"{x}_{low}") for x in ("ours", "hf_generate"))
-    if a and b:  # the same weights: mostly the same hypotheses, or the work differs
-        meta["same_hypotheses_as_hf"] = round(sum(x == y for x, y in zip(a, b)) / len(a), 3)
-    chk.save()
-
-
-def section_profile(chk: Check) -> None:
-    """The top ops of 3 steps of ours at the preset's batch, and the device's busy share."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if chk.device.type == "cuda" else [])
-    sort = "device_time_total" if chk.device.type == "cuda" else "cpu_time_total"
-    text = []
-    for shape in chk.cfg["shapes"]:
-
-        def one(shape=shape) -> dict:
-            model, kind = build("ours", shape, chk)
-            step = peers.train_step(model, kind, chk.dtype)
-            work = peers.train_batches(chk.cfg["vocab"], chk.cfg["sizes"][0], 5, chk.device)
-            for b in work[:2]:
-                step(b)
-            peers.sync(chk.device)
-            t = time.perf_counter()
-            with profile(activities=acts) as prof:
-                for b in work[2:]:
-                    step(b)
-                peers.sync(chk.device)
-            wall = time.perf_counter() - t
-            avg = prof.key_averages()
-            # kernels alone: an op's self device time repeats its kernels' (the table's total)
-            busy = (
-                sum(
-                    e.self_device_time_total
-                    for e in avg
-                    if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation
-                )
-                / 1e6
-            )
-            text.append(
-                f"## {shape}, 3 steps of {chk.cfg['sizes'][0]} tokens, {wall:.3f} s "
-                f"(profiled)\n{avg.table(sort_by=sort, row_limit=30)}\n"
-            )
-            (chk.args.out / "profile.txt").write_text("\n".join(text))
-            return {
-                "wall_s": round(wall, 3),
-                "device_busy_s": round(busy, 3),
-                "device_busy_share": round(busy / wall, 3) if busy else None,
-            }
-
-        chk.run(("profile", shape), 20, one)
-
-
-def section_tests(chk: Check, limit_s: float = 240) -> dict:
-    """pytest on tests/test_cuda.py, its output in pytest.log (what it printed if it ran out
-    of time, too)."""
-    t = time.perf_counter()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",
-        "tests/test_cuda.py",
-    ]
-    log = chk.args.out / "pytest.log"
-    with open(log, "w") as f:
-        try:
-            code = subprocess.run(
-                cmd,
-                cwd=ROOT,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                check=False,
-                timeout=min(limit_s, chk.remaining() - 30),
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = None
-    lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-    return {
-        "exit_code": code,
-        "summary": lines[-1] if lines else "",
-        "seconds": round(time.perf_counter() - t, 1),
-        "command": " ".join(cmd[2:]),
-    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -485,13 +324,15 @@ def main(argv: list[str] | None = None) -> None:
     # the figures first, the tests after them: a lease is short, and a rerun with --sections
     # can take what the budget left out
     plan = [
-        ("loss", lambda: section_loss(chk)),
         ("train", lambda: section_train(chk)),
+        ("tests", lambda: chk.run(("tests",), 30, lambda: gpu_sections.section_tests(chk))),
+        ("stage", lambda: section_stage(chk)),
         ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
-        ("decode", lambda: section_decode(chk, shapes[0])),
-        ("tests", lambda: chk.run(("tests",), 30, lambda: section_tests(chk))),
-        ("profile", lambda: section_profile(chk)),
-        ("decode", lambda: shapes[1:] and section_decode(chk, shapes[1])),
+        ("decode", lambda: gpu_sections.section_decode(chk, shapes[0])),
+        ("profile", lambda: gpu_sections.section_profile(chk)),
+        ("variants", lambda: section_train(chk, ("ours_unfused_loss", "ours_torch_dropout"))),
+        ("loss", lambda: gpu_sections.section_loss(chk)),
+        ("decode", lambda: shapes[1:] and gpu_sections.section_decode(chk, shapes[1])),
     ]
     for section, fn in plan:
         if section in sections:

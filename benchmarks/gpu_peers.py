@@ -66,21 +66,25 @@ def random_ids(rng: np.random.Generator, length: int, vocab: int) -> np.ndarray:
 
 
 def train_batches(
-    vocab: int, max_tokens: int, n: int, device: torch.device, seed: int = 0
+    vocab: int, max_tokens: int, n: int, device: torch.device | None, seed: int = 0, static=False
 ) -> list[Work]:
     """n batches as the train stage makes them (BatchSampler: max_tokens padded positions per
-    side, length-bucketed, shuffled) from 20,000 pairs of TRAIN_LENGTHS, random units."""
+    side, length-bucketed, or of static shapes; shuffled) from 20,000 pairs of TRAIN_LENGTHS,
+    random units; on `device` (None: left on the host, for the train stage's update to copy)."""
     src_lens, tgt_lens = pair_lengths(20_000, TRAIN_LENGTHS, seed)
     rng = np.random.default_rng(seed + 1)
     out = []
-    for idx in BatchSampler(src_lens, tgt_lens, max_tokens, seed):
+    sampler = BatchSampler(src_lens, tgt_lens, max_tokens, seed, static=static)
+    for idx in sampler:
         b = collate(
             [
                 (random_ids(rng, src_lens[i], vocab), random_ids(rng, tgt_lens[i], vocab))
                 for i in idx
-            ]
+            ],
+            sampler.shape,
         )
-        out.append(Work(*(t.to(device) for t in b), int(b.tgt_out.ne(PAD_ID).sum())))
+        b = b if device is None else b.to(device)
+        out.append(Work(*b, int(b.tgt_out.ne(PAD_ID).sum())))
         if len(out) == n:
             return out
     raise ValueError(f"fewer than {n} batches of {max_tokens} tokens in 20,000 pairs")
@@ -224,11 +228,12 @@ class TorchTransformer(nn.Module):
 
 # ----------------------------------------------------------------------------- training steps
 def train_step(model: nn.Module, kind: str, dtype: torch.dtype) -> Callable[[Work], Tensor]:
-    """One update (forward, label-smoothed loss summed over target tokens / their count,
-    backward, fused Adam) of `model`: kind "ours" (model.loss), "marian" (logits, then the
-    cross-entropy Seq2SeqTrainer's label smoother computes) or "torch" (logits, likewise).
-    Every kind attends with our SDPA backends (model.sdpa_backends: no cuDNN attention, whose
-    per-shape plans would cost the peers what they cost us)."""
+    """A peer's update as its docs run it (forward, label-smoothed loss summed over target tokens
+    / their count, backward, fused Adam): kind "marian" (logits, then the cross-entropy
+    Seq2SeqTrainer's label smoother computes) or "torch" (logits, likewise). Ours is the train
+    stage's own update (gpu_train.py). Every kind attends with our SDPA backends
+    (model.sdpa_backends: no cuDNN attention, whose per-shape plans would cost the peers what
+    they cost us)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     dev = params[0].device.type
@@ -236,22 +241,19 @@ def train_step(model: nn.Module, kind: str, dtype: torch.dtype) -> Callable[[Wor
 
     def step(b: Work) -> Tensor:
         with torch.autocast(dev, dtype=dtype, enabled=dtype != torch.float32), sdpa_backends(dev):
-            if kind == "ours":
-                loss, _ = model.loss(b.src, b.tgt_in, b.tgt_out, EPS, b.n_tgt)  # sync-free
+            if kind == "marian":
+                logits = model(
+                    input_ids=b.src, attention_mask=b.src.ne(PAD_ID), decoder_input_ids=b.tgt_in
+                ).logits
             else:
-                if kind == "marian":
-                    logits = model(
-                        input_ids=b.src, attention_mask=b.src.ne(PAD_ID), decoder_input_ids=b.tgt_in
-                    ).logits
-                else:
-                    logits = model(b.src, b.tgt_in)
-                loss = F.cross_entropy(
-                    logits.float().flatten(0, 1),
-                    b.tgt_out.flatten(),
-                    ignore_index=PAD_ID,
-                    label_smoothing=EPS,
-                    reduction="sum",
-                )
+                logits = model(b.src, b.tgt_in)
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1),
+                b.tgt_out.flatten(),
+                ignore_index=PAD_ID,
+                label_smoothing=EPS,
+                reduction="sum",
+            )
         (loss / b.n_tgt).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -289,7 +291,12 @@ def timed(fn, items: list, device: torch.device) -> tuple[list[float], list]:
 
 
 def measure_steps(
-    step, work: list[Work], warmup: int, n_params: int, peak_tflops: float | None
+    step,
+    work: list[Work],
+    warmup: int,
+    n_params: int,
+    peak_tflops: float | None,
+    device: torch.device | None = None,
 ) -> dict:
     """`warmup` steps, then the rest twice: a first pass, each batch's shapes new to this
     process (cold), and the timed pass over the same batches, every shape seen once. Every
@@ -298,7 +305,7 @@ def measure_steps(
     first on cold shapes would pay for the ones after it (seen on an H100: up to 1.6x).
     Target tokens/s (median over steps; the cold pass's too), MFU, peak memory, the first and
     last timed loss per token."""
-    dev = work[0].src.device
+    dev = device or work[0].src.device  # (ours's batches stay on the host: its update copies)
     t = time.perf_counter()
     for b in work[:warmup]:
         step(b)

@@ -36,13 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import allocator, config
 from transformer.data import BatchSampler, load_split
 from transformer.ids import PAD_ID
-from transformer.model import Transformer
+from transformer.learner import Learner, n_targets
 from transformer.precision import resolve_precision
 from transformer.train import batch_stream, output_ids
 from transformer.vocab import load_tokenizer
 
 
 def step_fn(model, opt, eps, dtype):
+    """Forward, loss and backward (and Adam, given opt) alone: what the FLOP and matmul counts
+    replay (setup's `step` is the train stage's own update)."""
+
     def step(b) -> None:
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
             loss, _ = model.loss(b.src, b.tgt_in, b.tgt_out, eps)
@@ -69,22 +72,17 @@ def setup(params: Path, shards: Path, tokenizer: Path) -> SimpleNamespace:
     sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
     torch.manual_seed(tcfg.seed)
     valid = load_split(shards, "valid")  # the train stage's output set: train + valid
-    model = Transformer(mcfg, vocab, output_ids(mcfg, vocab, data, valid)).train()
-    opt = torch.optim.Adam(
-        model.parameters(),
-        lr=1e-4,
-        betas=tuple(tcfg.adam_betas),
-        eps=tcfg.adam_eps,
-        fused=tcfg.fused_adam or None,
-    )
+    cpu = torch.device("cpu")
+    learner = Learner(mcfg, tcfg, vocab, output_ids(mcfg, vocab, data, valid), cpu, precision)
+    learner.model.train()
     return SimpleNamespace(
         mcfg=mcfg,
         tcfg=tcfg,
         precision=precision,
         dtype=dtype,
         vocab=vocab,
-        model=model,
-        step=step_fn(model, opt, tcfg.label_smoothing, dtype),
+        model=learner.model,
+        step=lambda b: learner.step([b], float(n_targets(b)), 1e-4),  # the train stage's update
         stream=batch_stream(data, sampler),
     )
 

@@ -21,29 +21,33 @@ if __name__ == "__main__":  # a plug-in of the peers harness, not a script
 import torch
 from common import BOS, fixed_length_beam_search
 
-from benchmarks.peer_model import build_model
+from benchmarks.peer_model import model_config
 from transformer.allocator import keep_freed_memory
+from transformer.data import Batch
 from transformer.incremental import Decoder
+from transformer.learner import Learner
+from transformer.sections.train import TrainConfig
 
 
 class Peer:
     def __init__(self, shape, opts):
         self.shape = shape
-        self.model = build_model(shape, paper=opts.get("paper", "off") == "on")
+        torch.manual_seed(0)  # the same weights in every sample
+        cfg = model_config(shape, paper=opts.get("paper", "off") == "on")
         self.autocast = opts.get("autocast", "off") == "bf16"
-        self.opt = torch.optim.Adam(
-            self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True
-        )
+        precision = "bf16" if self.autocast else "fp32"
+        tcfg = TrainConfig(label_smoothing=shape["label_smoothing"], precision=precision)
+        # the train stage's own update (fused Adam, the token-summed loss / target tokens)
+        self.learner = Learner(cfg, tcfg, shape["vocab"], None, torch.device("cpu"), precision)
+        self.model = self.learner.model
 
     def train_step(self, b):
         """The train stage's update: token-summed smoothed loss / target tokens, fused Adam."""
         self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-            loss, _ = self.model.loss(b.src, b.tgt_in, b.tgt_out, self.shape["label_smoothing"])
-        (loss / b.n_tgt_tokens).backward()
-        self.opt.step()
-        return loss.item() / b.n_tgt_tokens
+        self.learner.sums.zero_()
+        batch = Batch(b.src, b.tgt_in, b.tgt_out)
+        self.learner.step([batch], float(b.n_tgt_tokens), 1e-4)
+        return self.learner.sums[0].item() / b.n_tgt_tokens
 
     @torch.inference_mode()
     def decode(self, src, beam, length):

@@ -7,12 +7,11 @@ from transformer.model import Transformer
 from transformer.sections.model import ModelConfig
 
 
-def build_model(shape: dict, paper: bool = False) -> Transformer:
-    """The same weights in every sample (seeded). paper: without the attention and activation
-    dropout the shared workload adds (the paper has residual dropout only, §5.4)."""
-    torch.manual_seed(0)
+def model_config(shape: dict, paper: bool = False) -> ModelConfig:
+    """paper: without the attention and activation dropout the shared workload adds (the paper
+    has residual dropout only, §5.4)."""
     assert shape["enc_layers"] == shape["dec_layers"] and shape["tied"]
-    cfg = ModelConfig(
+    return ModelConfig(
         d_model=shape["d_model"],
         d_ff=shape["ff"],
         n_heads=shape["heads"],
@@ -21,4 +20,9 @@ def build_model(shape: dict, paper: bool = False) -> Transformer:
         attention_dropout=0.0 if paper else shape.get("attention_dropout", 0.0),
         activation_dropout=0.0 if paper else shape.get("activation_dropout", 0.0),
     )
-    return Transformer(cfg, shape["vocab"])
+
+
+def build_model(shape: dict, paper: bool = False) -> Transformer:
+    """The same weights in every sample (seeded)."""
+    torch.manual_seed(0)
+    return Transformer(model_config(shape, paper), shape["vocab"])

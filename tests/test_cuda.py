@@ -1,5 +1,7 @@
-"""On a CUDA GPU (skipped without one): exact SIGKILL resume in bf16 and in fp16 with gradient
-scaling, decoding on the GPU as on the CPU, and the fused output loss there.
+"""On a CUDA GPU (skipped without one): exact SIGKILL resume in bf16 (the captured update, static
+shapes) and in fp16 with gradient scaling (eager), the captured update = the eager one, the
+compiled loss inside the graphs, updates that never wait for the GPU, decoding on the GPU as on
+the CPU, and the fused output loss there.
 
 benchmarks/gpu_check.py runs this file on a lent GPU with `pytest --noconftest`: that machine
 has no Prefect, DVC, Babel or num2words, so nothing here needs tests/conftest.py, and the corpus
@@ -8,6 +10,7 @@ is written as raw text (not the synthetic download) before the real tokenizer an
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -18,14 +21,14 @@ from test_decode import copy_model, model_files, sources, translate_file  # noqa
 from test_train import MODEL, TRAIN, kill_and_resume, write_params
 from torch.profiler import ProfilerActivity, profile
 
-from transformer import checkpoint, precision, shard, tokenizer, train
+from transformer import checkpoint, ops, precision, shard, tokenizer, train
 from transformer.beam import beam_search, translate_ids
 from transformer.clock import Clock
 from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
 from transformer.incremental import Decoder
 from transformer.model import Transformer
-from transformer.ops import _OutputCE, output_loss
+from transformer.ops import output_loss
 from transformer.vocab import load_tokenizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -75,6 +78,9 @@ def corpus(tmp_path_factory) -> Path:
 def test_sigkill_then_resume_is_bit_exact_on_the_gpu(corpus, tmp_path, precision):
     out = kill_and_resume(corpus, tmp_path, precision=precision)
     assert f"training in {precision} on cuda" in out
+    # train.static_shapes / graphs auto: bf16 resumes exactly on the captured path; fp16 is eager
+    path = "captured" if precision == "bf16" else "eager"
+    assert f"{path} update, static-shape batches" in out
     ckpt = checkpoint.load(checkpoint.step_path(tmp_path / "full", 40))
     if precision == "fp16":  # gradient scaling ran, and its state is what resumed
         assert ckpt["scaler"]["scale"] > 0
@@ -114,7 +120,7 @@ def test_translate_cli_on_the_gpu(model_files, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_output_loss_on_the_gpu(fused, monkeypatch):
-    monkeypatch.setattr(_OutputCE, "CHUNK_ELEMENTS_GPU", 50 * 16)  # 16 rows: many chunks
+    monkeypatch.setattr(ops, "CHUNK_ELEMENTS_GPU", 50 * 16)  # 16 rows: many chunks
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(37, 8, device="cuda", generator=g, requires_grad=True)
     w = torch.randn(50, 8, device="cuda", generator=g, requires_grad=True)
@@ -129,24 +135,8 @@ def test_output_loss_on_the_gpu(fused, monkeypatch):
     torch.testing.assert_close(low, ref, rtol=2e-2, atol=0.0)
 
 
-@pytest.mark.parametrize(
-    "over",
-    [
-        {},
-        {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "output_vocab": "target"},
-        {
-            "precision": "fp16",
-            "fused_adam": True,
-            "clip_norm": 1.0,
-        },  # GradScaler syncs unless fused
-    ],
-)
-def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
-    """What the loop does between log, validation and checkpoint points (batches, the clock's
-    collective, the rate, the update, the loss sums) makes no host<->device sync: the host
-    queues updates ahead of the GPU. CUDA's sync debug mode makes any sync an error."""
-    mcfg = ModelConfig(**MODEL, output_vocab=over.get("output_vocab", "shared"))
-    tcfg = TrainConfig(**{**TRAIN, **{k: v for k, v in over.items() if k != "output_vocab"}})
+def cuda_learner(corpus: Path, mcfg: ModelConfig, tcfg: TrainConfig, **path):
+    """The train stage's Learner on the corpus, and its batch stream (as train() builds them)."""
     device = torch.device("cuda")
     vocab = load_tokenizer(corpus / "tok").get_vocab_size()
     data, valid = load_split(corpus / "shards", "train"), load_split(corpus / "shards", "valid")
@@ -158,29 +148,110 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
         train.output_ids(mcfg, vocab, data, valid),
         device,
         precision.resolve_precision(tcfg.precision, device, "train.precision"),
+        **path,
     )
-    sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
-    stream, clock = train.batch_stream(data, sampler), Clock(tcfg, 0, 0.0, finished=False)
-    losses = train.LossSums(device, 0)
+    sampler = BatchSampler(
+        data.src_lens,
+        data.tgt_lens,
+        tcfg.max_tokens,
+        tcfg.seed,
+        static=path.get("static", False),
+        group=tcfg.update_freq,
+    )
+    return learner, sampler, train.batch_stream(data, sampler)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},
+        {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "output_vocab": "target"},
+        {
+            "precision": "fp16",
+            "fused_adam": True,
+            "clip_norm": 1.0,
+        },  # GradScaler syncs unless fused
+        {"precision": "bf16", "clip_norm": 1.0, "update_freq": 2, "graphs": True},
+    ],
+)
+def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
+    """What the loop does between log, validation and checkpoint points (batches, the clock's
+    collective, the rate, the update, the loss sums) makes no host<->device sync: the host
+    queues updates ahead of the GPU. CUDA's sync debug mode makes any sync an error. Captured:
+    once every shape is captured (a capture itself syncs), replays never wait either."""
+    mcfg = ModelConfig(**MODEL, output_vocab=over.get("output_vocab", "shared"))
+    skip = ("output_vocab", "graphs")
+    tcfg = TrainConfig(**{**TRAIN, **{k: v for k, v in over.items() if k not in skip}})
+    graphs = over.get("graphs", False)
+    learner, sampler, stream = cuda_learner(corpus, mcfg, tcfg, static=graphs, graphs=graphs)
+    clock = Clock(tcfg, 0, 0.0, finished=False)
+    losses = train.LossSums(learner.sums, 0)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
 
     def update(step: int) -> None:  # as train() does it
         batches = [next(stream) for _ in range(tcfg.update_freq)]
         n_tokens = clock.tick(step, sum(train.n_targets(b) for _, b in batches))
         lr = train.rate(step, tcfg, mcfg.d_model, clock.progress(step - 1))
-        losses.add(learner.step([b for _, b in batches], n_tokens, lr), n_tokens)
+        learner.step([b for _, b in batches], n_tokens, lr)
+        losses.add(n_tokens)
 
-    update(1)  # the first update creates Adam's state and CUDA's workspaces
+    # the first update creates Adam's state and CUDA's workspaces; with graphs, 3 epochs
+    # warm up and capture every shape
+    first = 1 + (3 * len(sampler) // tcfg.update_freq if graphs else 0)
+    for step in range(1, first + 1):
+        update(step)
+    if graphs:
+        assert len(learner.graphs.graphs) == sampler.stats["batch_shapes"]
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for step in range(2, 6):
+        for step in range(first + 1, first + 5):
             update(step)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    losses.read(5)  # a log point: the sums are read, and finite
+    losses.read(first + 4)  # a log point: the sums are read, and finite
     assert losses.take()["train/loss"] > 0
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+
+
+@pytest.mark.parametrize("over", [{}, {"update_freq": 2, "clip_norm": 1.0}])
+def test_the_captured_update_is_the_eager_update(corpus, over):
+    """fp32, no dropout: the replayed graphs compute what the eager update computes, update
+    after update, over shapes met in any order (each captured at its third update)."""
+    mcfg = ModelConfig(**{**MODEL, "dropout": 0.0})
+    tcfg = TrainConfig(**{**TRAIN, "precision": "fp32", **over})
+    eager, sampler, stream = cuda_learner(corpus, mcfg, tcfg, static=True)
+    captured, _, _ = cuda_learner(corpus, mcfg, tcfg, static=True, graphs=True)
+    steps = 3 * len(sampler) // tcfg.update_freq + 3
+    for step in range(1, steps + 1):
+        batches = [b for _, b in (next(stream) for _ in range(tcfg.update_freq))]
+        n = float(sum(train.n_targets(b) for b in batches))
+        lr = train.rate(step, tcfg, mcfg.d_model)
+        for learner in (eager, captured):
+            learner.step(batches, n, lr)
+    assert len(captured.graphs.graphs) == sampler.stats["batch_shapes"] > 1
+    for (name, a), b in zip(eager.model.named_parameters(), captured.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    torch.testing.assert_close(eager.sums, captured.sums)
+
+
+def test_the_captured_compiled_update_trains_like_eager(corpus):
+    """Inductor's loss (one compile for every shape) inside the captured update, bf16 with
+    dropout: as the eager update's loss, within bf16's and dropout's noise, and finite."""
+    mcfg = ModelConfig(**MODEL)
+    tcfg = TrainConfig(**{**TRAIN, "precision": "bf16"})
+    runs = {}
+    for name, path in (("eager", {}), ("fast", {"graphs": True, "compile": True})):
+        learner, sampler, stream = cuda_learner(corpus, mcfg, tcfg, static=True, **path)
+        losses = train.LossSums(learner.sums, 0)
+        for step in range(1, 4 * len(sampler) + 1):
+            _, b = next(stream)
+            n = float(train.n_targets(b))
+            learner.step([b], n, train.rate(step, tcfg, mcfg.d_model))
+            losses.add(n)
+        losses.read(step)
+        runs[name] = losses.take()["train/loss"]
+    assert math.isfinite(runs["fast"]) and abs(runs["fast"] - runs["eager"]) < 0.1 * runs["eager"]
 
 
 def test_attention_on_the_gpu_never_runs_cudnns_kernel():

@@ -18,9 +18,8 @@ from transformer.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = importlib.util.find_spec("transformers") is not None
-CONTENDERS = ["ours", "ours_unfused_loss", "ours_torch_dropout", "torch_transformer"] + (
-    ["hf_marian"] if HF else []
-)
+CONTENDERS = ["ours", "ours_eager", "ours_unfused_loss", "ours_torch_dropout"]
+CONTENDERS += ["torch_transformer"] + (["hf_marian"] if HF else [])
 
 
 def positive(x) -> bool:
@@ -43,7 +42,7 @@ def check(tmp_path_factory) -> tuple[dict, Path]:
         "--budget-s",
         "400",
         "--sections",
-        "tests,loss,train,decode,profile",
+        "tests,loss,train,stage,decode,profile,variants",
     ]  # compile: minutes on a CPU
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -67,6 +66,7 @@ def test_every_section_writes_finite_figures(check):
         for key in (
             "ours/torch_transformer",
             "ours/fastest_peer",
+            "ours/ours_eager",
             "ours_unfused_loss/ours",
             "ours_torch_dropout/ours",
         ) + (("ours/hf_marian",) if HF else ()):
@@ -79,7 +79,12 @@ def test_every_section_writes_finite_figures(check):
         assert positive(r["ratios"]["decode"]["tiny"]["ours_fp32/hf_generate_fp32"])
         # our weights in Marian's layout, the same batches and lengths: the same search
         assert dec["workload"]["same_hypotheses_as_hf"] >= 0.9
-    assert positive(r["profile"]["tiny"]["wall_s"])
+    for name in ("ours", "ours_eager"):  # the train stage's update, as the profiler sees it
+        prof = r["profile"]["tiny"][name]
+        assert positive(prof["wall_s"]) and prof["aten_ops_per_update"] > 100
+    stage = r["stage"]["tiny"]  # the train stage itself, end to end (on a CPU: eager)
+    assert positive(stage["tokens_per_s"]) and "eager update" in stage["path"], stage
+    assert stage["batch_shapes"] >= 1 and 0 < stage["pad_efficiency"] <= 1
     summary = (out / "summary.md").read_text()
     assert "## Training, tiny" in summary and "## Decoding, tiny" in summary
     assert (out / "profile.txt").stat().st_size > 0 and (out / "pytest.log").exists()
@@ -106,7 +111,7 @@ def test_peaks_and_rules(load_benchmark):
 
     def run(rate: float, warm: float = 1.0) -> dict:
         return {
-            s: {"tokens_per_s": rate, "warmup_s": warm, "tgt_tokens_per_step": 2500}
+            s: {"tokens_per_s": rate, "prime_s": warm, "tgt_tokens_per_step": 2500}
             for s in ("3125", "12500")
         }
 

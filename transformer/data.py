@@ -127,6 +127,15 @@ class BatchSampler:
     reshuffled every epoch. With world_size W the batch count is made divisible by W by
     halving the largest batches, so every pair is seen exactly once per epoch, on one rank,
     and every rank gets len(self) batches. The position (epoch, batch) is resumable.
+
+    static: batches of a bounded set of shapes, for a captured or compiled update (a CUDA graph
+    per shape): each pair goes to the shortest of length boundaries growing x1.1 (tensor2tensor)
+    that holds both its sides, and every batch of a boundary L is padded to (max_tokens // L, L)
+    on both sides; `self.shape` is the padded shape of the batch last handed out (None when not
+    static). The batches of a boundary come in runs of group x world_size (group: the update's
+    micro-batches), and runs are what each epoch shuffles, so every rank's micro-batches of one
+    update share one shape. A boundary with fewer pairs than a run has batches of filler rows
+    only (all padding), which the model takes without NaN.
     """
 
     def __init__(
@@ -138,6 +147,8 @@ class BatchSampler:
         rank: int = 0,
         world_size: int = 1,
         shuffle: bool = True,
+        static: bool = False,
+        group: int = 1,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
@@ -145,9 +156,17 @@ class BatchSampler:
         self.rank, self.world_size = rank, world_size
         if len(src_lens) == 0:
             raise DataError("no pairs to batch (is the split empty?)")
-        self.batches = _pack(np.asarray(src_lens), np.asarray(tgt_lens), max_tokens, seed)
-        self.batches = _split_to_multiple(self.batches, world_size)
-        self.epoch, self.batch = 0, 0
+        src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
+        # the run of batches an epoch keeps together: one update of every rank (static)
+        self.run = group * world_size if static else 1
+        if static:
+            self.batches, self.shapes = _pack_static(src_lens, tgt_lens, max_tokens, seed, self.run)
+        else:
+            self.batches = _pack(src_lens, tgt_lens, max_tokens, seed)
+            self.batches = _split_to_multiple(self.batches, world_size)
+            self.shapes = None
+        self.stats = batch_stats(self.batches, self.shapes, src_lens, tgt_lens)
+        self.epoch, self.batch, self.shape = 0, 0, None
 
     def __len__(self) -> int:
         return len(self.batches) // self.world_size
@@ -158,10 +177,12 @@ class BatchSampler:
 
     def _mine(self, epoch: int) -> np.ndarray:
         """Batch numbers of this rank in `epoch`, in order: a strided slice of one permutation."""
+        runs = len(self.batches) // self.run
         if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.batches))
+            order = np.random.default_rng([self.seed, epoch]).permutation(runs)
         else:
-            order = np.arange(len(self.batches))
+            order = np.arange(runs)
+        order = (order[:, None] * self.run + np.arange(self.run)).ravel()  # runs stay whole
         return order[self.rank :: self.world_size]
 
     def __iter__(self):
@@ -169,7 +190,9 @@ class BatchSampler:
         mine = self._mine(self.epoch)
         while self.batch < len(mine):
             self.batch += 1  # counted when handed out: a checkpoint taken now resumes after it
-            yield self.batches[mine[self.batch - 1]].tolist()
+            k = mine[self.batch - 1]
+            self.shape = None if self.shapes is None else self.shapes[k]
+            yield self.batches[k].tolist()
         self.epoch, self.batch = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
@@ -226,6 +249,54 @@ def _pack(
     return batches
 
 
+# tensor2tensor's length boundaries: from 8, each x1.1 the one before (at least +1)
+MIN_BOUNDARY, BOUNDARY_GROWTH = 8, 1.1
+
+
+def boundaries(longest: int) -> list[int]:
+    """The padded lengths of static batches up to `longest`, which is the last one."""
+    out, x = [], MIN_BOUNDARY
+    while x < longest:
+        out.append(x)
+        x = max(x + 1, int(x * BOUNDARY_GROWTH))
+    return out + [longest]
+
+
+def _pack_static(
+    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, run: int
+) -> tuple[list, list[tuple[int, int]]]:
+    """Batches of pairs per length boundary L, max_tokens // L rows each, in whole runs of `run`
+    batches (pairs spread evenly over a boundary's batches); and each batch's (rows, L)."""
+    longest = np.maximum(src_lens, tgt_lens).astype(np.int64)
+    if (worst := int(longest.max())) > max_tokens:
+        raise DataError(f"a pair of {worst} tokens cannot fit max_tokens={max_tokens}")
+    bounds = np.array(boundaries(worst))
+    bucket = np.searchsorted(bounds, longest)  # the shortest boundary >= the pair's longest side
+    order = np.random.default_rng(seed).permutation(len(longest))  # the seed groups the pairs
+    order = order[np.argsort(bucket[order], kind="stable")]  # by boundary, shuffled within
+    ks, counts = np.unique(bucket, return_counts=True)
+    batches, shapes = [], []
+    for k, pairs in zip(ks, np.split(order, np.cumsum(counts)[:-1])):
+        L = int(bounds[k])
+        rows = max_tokens // L
+        n = run * -(-len(pairs) // (rows * run))  # batches: whole runs, rows each at most
+        batches += np.array_split(pairs, n)
+        shapes += [(rows, L)] * n
+    return batches, shapes
+
+
+def batch_stats(batches: list, shapes, src_lens: np.ndarray, tgt_lens: np.ndarray) -> dict:
+    """How many distinct padded batch shapes an epoch has, and the share of its padded positions
+    (both sides) that hold tokens."""
+    real = int(src_lens.sum()) + int(tgt_lens.sum())
+    if shapes is None:
+        shapes = [(len(b), int(src_lens[b].max()), int(tgt_lens[b].max())) for b in batches]
+        padded = sum(r * (s + t) for r, s, t in shapes)
+    else:
+        padded = sum(2 * r * L for r, L in shapes)
+    return {"batch_shapes": len(set(shapes)), "pad_efficiency": round(real / padded, 4)}
+
+
 def _split_to_multiple(batches: list, world_size: int) -> list:
     """Halve the largest batches until the count divides world_size (pairs stay unique)."""
     while len(batches) % world_size:
@@ -251,15 +322,21 @@ class Batch(NamedTuple):
         return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
-def collate(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Batch:
-    """Pad a list of (src, tgt) id arrays (each ending with EOS) into a Batch of long tensors."""
+def collate(
+    pairs: list[tuple[np.ndarray, np.ndarray]], shape: tuple[int, int] | None = None
+) -> Batch:
+    """Pad a list of (src, tgt) id arrays (each ending with EOS) into a Batch of long tensors:
+    to the longest of each side, or, given shape (rows, L), to L on both sides with rows beyond
+    the pairs all padding (filler rows)."""
     import torch  # here, not at the top: the shard stage uses this module without torch
 
-    S = max(len(s) for s, _ in pairs)
-    T = max(len(t) for _, t in pairs)
-    src = np.full((len(pairs), S), PAD_ID, np.int64)  # (B, S)
-    tgt_in = np.full((len(pairs), T), PAD_ID, np.int64)  # (B, T)
-    tgt_out = np.full((len(pairs), T), PAD_ID, np.int64)  # (B, T)
+    if shape is None:
+        B, S, T = len(pairs), max(len(s) for s, _ in pairs), max(len(t) for _, t in pairs)
+    else:
+        B, S, T = shape[0], shape[1], shape[1]
+    src = np.full((B, S), PAD_ID, np.int64)  # (B, S)
+    tgt_in = np.full((B, T), PAD_ID, np.int64)  # (B, T)
+    tgt_out = np.full((B, T), PAD_ID, np.int64)  # (B, T)
     for i, (s, t) in enumerate(pairs):
         src[i, : len(s)] = s
         tgt_in[i, 0] = BOS_ID  # teacher forcing: the decoder sees the target shifted right

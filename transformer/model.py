@@ -250,6 +250,9 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) -> memory (B, S, D), src_pad_mask (B, S) bool, True = pad."""
         src_pad_mask = src.eq(PAD_ID)
+        # a filler row of a static-shape batch (all padding) attends to its first position: with
+        # no key at all its softmax would be NaN. A real row's first position is a token.
+        src_pad_mask[:, 0] = False
         mask = ~src_pad_mask[:, None, None, :]  # (B, 1, 1, S) True = attend
         x = self.embed(self.src_embed, src)
         for layer in self.encoder:
@@ -298,28 +301,41 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, src_pad_mask)
 
     def loss(
-        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float, n_targets: int | None = None
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        tgt_out: Tensor,
+        eps: float,
+        n_targets: int | None = None,
+        every_position: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V.
 
         n_targets: tgt_out's count of non-pad targets, when the caller has it (counted on the host
         before the copy to a GPU); the loss then never waits for the device (a training step).
+        every_position: project every position and weigh the pad ones 0 instead: no tensor's
+        shape then depends on the count, as a captured or compiled update of static-shape
+        batches needs (at the price of the padding's share of the output GEMM).
         """
         memory, src_pad_mask = self.encode(src)
-        h = self.decode_features(tgt_in, memory, src_pad_mask)  # (B, T, D)
-        keep = tgt_out.flatten().ne(PAD_ID)
-        # boolean indexing would wait for the device to count the rows
-        pos = (
-            keep.nonzero() if n_targets is None else torch.nonzero_static(keep, size=n_targets)
-        ).squeeze(1)
-        # (N, D), (N,): the V-sized GEMM skips padding
-        h, target = h.flatten(0, 1).index_select(0, pos), tgt_out.flatten().index_select(0, pos)
+        h = self.decode_features(tgt_in, memory, src_pad_mask).flatten(0, 1)  # (B*T, D)
+        target = tgt_out.flatten()
+        keep = target.ne(PAD_ID)
+        if not every_position:
+            # boolean indexing would wait for the device to count the rows
+            pos = (
+                keep.nonzero() if n_targets is None else torch.nonzero_static(keep, size=n_targets)
+            ).squeeze(1)
+            # (N, D), (N,): the V-sized GEMM skips padding
+            h, target, keep = h.index_select(0, pos), target.index_select(0, pos), None
         if self.output_ids is not None:  # ids -> rows of output_matrix()
             ids, target = target, torch.searchsorted(self.output_ids, target)
             outside = self.output_ids[target.clamp(max=self.output_ids.numel() - 1)].ne(ids)
+            if keep is not None:
+                outside, target = outside & keep, target.clamp(max=self.output_ids.numel() - 1)
             why = "not in output_ids (model.output_vocab target: units from other data?)"
-            if n_targets is not None:  # checked where the loss is computed, without waiting
+            if n_targets is not None or every_position:  # checked without waiting
                 torch._assert_async(outside.any().logical_not(), f"a target unit is {why}")
             elif bool(outside.any()):
                 raise ValueError(f"target unit {int(ids[outside][0])} is {why}")
-        return output_loss(h, self.output_matrix(), target, eps, self.fused_loss)
+        return output_loss(h, self.output_matrix(), target, eps, self.fused_loss, keep)

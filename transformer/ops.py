@@ -46,10 +46,20 @@ def dropout(x: Tensor, p: float, training: bool, relu: bool = False) -> Tensor:
         x = torch.relu(x)
     if not training or p == 0.0:
         return x
-    if x.device.type not in LANE_DROPOUT:
+    # compiled: F.dropout, whose mask inductor draws inside its fused kernel (random_ and the
+    # int16 view of the lanes would break the graph)
+    if x.device.type not in LANE_DROPOUT or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     # scaled apart from the mask: 1/(1-p) in bf16 would bias every kept value the same way
     return (x * keep_mask(x, p)).mul_(1.0 / (1.0 - p))
+
+
+# _OutputCE's rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). GPU: 1 GiB,
+# the fastest of 2^22-2^28 in benchmarks/gpu_check.py's loss section (H100: 3.1x 2^22's time at
+# d_model 1024, whose ~110-row chunks are a dozen small launches each). Module constants, not
+# class attributes: torch.compile reads these, and breaks its graph on the Function's own.
+CHUNK_ELEMENTS_CPU = 1 << 22
+CHUNK_ELEMENTS_GPU = 1 << 28
 
 
 class _OutputCE(torch.autograd.Function):
@@ -63,14 +73,17 @@ class _OutputCE(torch.autograd.Function):
     scaled by the incoming gradient in backward; the loss is a sum.
     """
 
-    # rows per chunk x V. CPU: 16 MB of fp32 logits (best of 64-2048 rows). GPU: 1 GiB, the
-    # fastest of 2^22-2^28 in benchmarks/gpu_check.py's loss section (H100: 3.1x 2^22's time
-    # at d_model 1024, whose ~110-row chunks are a dozen small launches each).
-    CHUNK_ELEMENTS_CPU = 1 << 22
-    CHUNK_ELEMENTS_GPU = 1 << 28
-
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, eps: float, grad_mode: bool):
+    def forward(
+        ctx,
+        h: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        keep: Tensor | None,
+        eps: float,
+        grad_mode: bool,
+        chunk: int,
+    ):
         dev = h.device.type  # autocast (bf16/fp16) sets the GEMMs' dtype; reductions stay fp32
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
         with torch.autocast(dev, enabled=False):
@@ -83,7 +96,6 @@ class _OutputCE(torch.autograd.Function):
             nll_sum = torch.zeros_like(loss)
             V = w.size(0)
             ctx.weight_dtype = weight.dtype
-            chunk = _OutputCE.CHUNK_ELEMENTS_CPU if dev == "cpu" else _OutputCE.CHUNK_ELEMENTS_GPU
             rows = max(1, chunk // V)
             for i in range(0, h.size(0), rows):
                 hc, t = x_in[i : i + rows], target[i : i + rows, None]  # (n, D), (n, 1)
@@ -94,15 +106,21 @@ class _OutputCE(torch.autograd.Function):
                 s = x.sub_(m).exp_().sum(dim=-1, keepdim=True)  # x: exp(logit - max)
                 lse = (m + s.log()).squeeze(1)
                 nll += lse
-                loss += ((1.0 - eps) * nll + eps * (lse - mean)).sum()
+                row_loss = (1.0 - eps) * nll + eps * (lse - mean)
+                if keep is not None:  # rows of padding: weight 0 (every_position)
+                    k = keep[i : i + rows].to(torch.float32)
+                    row_loss, nll = row_loss * k, nll * k
+                loss += row_loss.sum()
                 nll_sum += nll.sum()
                 if grads:  # d loss / d logit = softmax - (1-eps)·onehot - eps/V
                     g = (
                         x.div_(s)
                         .sub_(eps / V)
                         .scatter_add_(1, t, torch.full_like(x[:, :1], eps - 1.0))
-                        .to(dtype)
                     )
+                    if keep is not None:
+                        g = g.mul_(k[:, None])
+                    g = g.to(dtype)
                     dh[i : i + rows] = g @ w
                     dw += g.t() @ hc  # (V, n) @ (n, D); addmm_ is no faster, and uncounted
         ctx.save_for_backward(dh, dw)
@@ -112,21 +130,25 @@ class _OutputCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll: Tensor):
         dh, dw = ctx.saved_tensors
-        return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None
+        return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None, None, None
 
 
 def output_loss(
-    h: Tensor, weight: Tensor, target: Tensor, eps: float, fused: bool = True
+    h: Tensor, weight: Tensor, target: Tensor, eps: float, fused: bool = True, keep=None
 ) -> tuple[Tensor, Tensor]:
     """§5.4 label smoothing on the output projection: (loss_sum, nll_sum) of logits h @ weight.T.
 
-    h (N, D) and target (N,) hold no padding; loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e.
-    F.cross_entropy(h @ weight.T, target, label_smoothing=eps, reduction="sum"). fused: the
-    chunked op above; else exactly that F.linear + F.cross_entropy, the (N, V) logits whole.
+    h (N, D) and target (N,) hold no padding, or keep (N,) bool says which rows count (the rest
+    weigh 0); loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e. F.cross_entropy(h @ weight.T,
+    target, label_smoothing=eps, reduction="sum"). fused: the chunked op above; else exactly
+    that F.linear + F.cross_entropy, the (N, V) logits whole.
     """
     if fused:
-        return _OutputCE.apply(h, weight, target, eps, torch.is_grad_enabled())
+        chunk = CHUNK_ELEMENTS_CPU if h.device.type == "cpu" else CHUNK_ELEMENTS_GPU
+        return _OutputCE.apply(h, weight, target, keep, eps, torch.is_grad_enabled(), chunk)
     logits = F.linear(h, weight).float()  # (N, V); fp32 statistics under autocast, as fused
+    if keep is not None:
+        target = target.masked_fill(~keep, -100)  # F.cross_entropy's ignore_index
     loss = F.cross_entropy(logits, target, label_smoothing=eps, reduction="sum")
     with torch.no_grad():  # for logging only
         nll_sum = F.cross_entropy(logits, target, reduction="sum")

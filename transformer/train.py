@@ -17,7 +17,6 @@ device until a log, validation or checkpoint point reads it (and stops a non-fin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import sys
@@ -27,14 +26,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from transformer import allocator, checkpoint, dist, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
-from transformer.data import Batch, BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
 from transformer.files import sha256_file
 from transformer.ids import PAD_ID
+from transformer.learner import Learner, n_targets
 from transformer.model import Transformer
 from transformer.parent import MODEL, continued_train_config, load_parent
 from transformer.precision import resolve_precision
@@ -62,89 +62,26 @@ def rate(step: int, cfg: TrainConfig, d_model: int, progress: float = 0.0) -> fl
     return lr
 
 
-class WithLoss(nn.Module):
-    """The model with its loss as forward(), so that DDP hooks the whole training computation."""
-
-    def __init__(self, model: Transformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, src, tgt_in, tgt_out, eps: float, n_targets: int):
-        return self.model.loss(src, tgt_in, tgt_out, eps, n_targets)
-
-
-class Learner:
-    """The model, its DDP wrapper, Adam (§5.3) and the fp16 loss scaler: what an update changes."""
-
-    def __init__(
-        self,
-        mcfg: ModelConfig,
-        tcfg: TrainConfig,
-        vocab: int,
-        ids: Tensor | None,
-        device: torch.device,
-        precision: str,
-    ):
-        self.cfg, self.device = tcfg, device
-        self.model = Transformer(mcfg, vocab, ids).to(device)
-        self.opt = torch.optim.Adam(
-            self.model.parameters(),
-            lr=0.0,
-            betas=tuple(tcfg.adam_betas),
-            eps=tcfg.adam_eps,
-            fused=tcfg.fused_adam or None,
-        )
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        self.ddp = dist.wrap(WithLoss(self.model), device)
-        dist.print0(f"training in {precision} on {device}")
-
-    def autocast(self) -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights fp32
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
-
-    def step(self, batches: list[Batch], n_tokens: float, lr: float) -> Tensor:
-        """One update on `batches`, the micro-batches of this rank, holding n_tokens targets on all
-        ranks. Returns this rank's (loss, nll) sums on the device, for the caller to read later."""
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for i, b in enumerate(batches):
-            last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or not dist.is_dist() else self.ddp.no_sync()
-            with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
-                with self.autocast():
-                    loss, nll = self.ddp(
-                        *to_device(b, self.device), self.cfg.label_smoothing, n_targets(b)
-                    )
-                # DDP averages over ranks: x world / n_tokens gives the per-token mean gradient
-                self.scaler.scale(loss * (dist.world_size() / n_tokens)).backward()
-            sums += torch.stack([loss.detach().double(), nll.detach().double()])
-        if self.cfg.clip_norm > 0:
-            self.scaler.unscale_(self.opt)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.opt.zero_grad(set_to_none=True)
-        return sums
-
-
-def n_targets(b: Batch) -> int:
-    """The batch's non-pad targets, counted on the host (its tensors are still there)."""
-    return int(b.tgt_out.ne(PAD_ID).sum())
-
-
-def to_device(b: Batch, device: torch.device) -> Batch:
-    """The batch on `device`; to a GPU from pinned memory, so that the host does not wait."""
-    if device.type != "cuda":
-        return b
-    return Batch(*(t.pin_memory() for t in b)).to(device, non_blocking=True)
-
-
 def batch_stream(dataset, sampler) -> Iterator[tuple[dict[str, int], Any]]:
     """(sampler position after this batch, collated batch) forever, epoch after epoch."""
     while True:  # the sampler continues from its position and rolls over into the next epoch
         for idx in sampler:
-            yield sampler.state_dict(), collate([dataset[j] for j in idx])
+            yield sampler.state_dict(), collate([dataset[j] for j in idx], sampler.shape)
+
+
+def update_path(tcfg: TrainConfig, device: torch.device, precision: str) -> dict[str, bool]:
+    """static / graphs / compile, the settings' `auto` resolved: static-shape batches and their
+    capture on CUDA (one process, not fp16), a compiled loss only when asked for."""
+    cuda = device.type == "cuda"
+    static = tcfg.static_shapes == "on" or (tcfg.static_shapes == "auto" and cuda)
+    graphs = tcfg.graphs == "auto" and cuda and static
+    if graphs and (dist.is_dist() or precision == "fp16"):  # docs/training.md says why
+        why = "several processes (DDP)" if dist.is_dist() else "fp16's GradScaler"
+        dist.print0(f"train.graphs auto: eager update, as {why} is not captured")
+        graphs = False
+    if tcfg.compile and dist.is_dist():
+        dist.print0("train.compile: not with several processes (DDP); the loss runs eagerly")
+    return {"static": static, "graphs": graphs, "compile": tcfg.compile and not dist.is_dist()}
 
 
 class LossSums:
@@ -152,12 +89,12 @@ class LossSums:
     the host wait for the GPU. Read (summed over ranks) at log, validation and checkpoint points;
     a non-finite sum stops the run there, before any checkpoint of it is written."""
 
-    def __init__(self, device: torch.device, step: int):
-        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # since the last read
+    def __init__(self, sums: Tensor, step: int):
+        self.sums = sums  # (loss, nll) since the last read: the updates add to it in place
         self.read_at, self.loss, self.nll, self.tokens = step, 0.0, 0.0, 0.0  # since the last log
 
-    def add(self, sums: Tensor, n_tokens: float) -> None:
-        self.sums += sums
+    def add(self, n_tokens: float) -> None:
+        """An update's target tokens (its sums went into self.sums)."""
         self.tokens += n_tokens
 
     def read(self, step: int) -> None:
@@ -253,7 +190,8 @@ def train(
     }
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
-    learner = Learner(mcfg, tcfg, vocab, ids, device, precision)
+    path = update_path(tcfg, device, precision)
+    learner = Learner(mcfg, tcfg, vocab, ids, device, precision, **path)
     model, opt, scaler = learner.model, learner.opt, learner.scaler
     ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     if ckpt is None and parent is not None:  # a fresh continuation: the parent's weights
@@ -269,14 +207,17 @@ def train(
         tcfg.seed,
         rank=rank,
         world_size=world,
+        static=path["static"],
+        group=tcfg.update_freq,
     )
+    batching = {f"train/{k}": x for k, x in sampler.stats.items()}
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
     alone_on_cpu = device.type == "cpu" and world == 1
     report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu)
-    losses = LossSums(device, step)
+    losses = LossSums(learner.sums, step)
     model.train()
     while not clock.stop:
         step += 1
@@ -284,7 +225,8 @@ def train(
         pos = batches[-1][0]  # the data position after this update, for the checkpoint
         n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
         lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1))
-        losses.add(learner.step([b for _, b in batches], n_tokens, lr), n_tokens)
+        learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
+        losses.add(n_tokens)
         report.bar.update(1)
 
         logging, validating = clock.should_log(step), clock.should_validate(step)
@@ -292,7 +234,9 @@ def train(
         if not (logging or validating or saving):
             continue  # nothing read back: on a GPU the host runs ahead to the next update
         losses.read(step)
-        logged = report.train_metrics(losses.take(), lr, clock.seconds()) if logging else {}
+        logged = {}
+        if logging:
+            logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
         if validating:
             v = validate(model, valid_set, tcfg, device, learner.autocast)
             logged.update({f"valid/{k}": x for k, x in v.items()})

@@ -30,9 +30,14 @@ class TrainConfig:
     threads: int = 0  # torch.set_num_threads; 0 = torch's default
     lr_decay: str = "none"  # none (§5.3) | linear | cosine: x(1 - progress) to 0 at the end
     fused_adam: bool = True  # one fused kernel for Adam (CPU and CUDA); False = foreach
+    static_shapes: str = "auto"  # on | off | auto (on with CUDA): a bounded set of batch shapes
+    graphs: str = "auto"  # auto (CUDA, static shapes, one process, not fp16) | off: CUDA graphs
+    compile: bool = False  # torch.compile the loss (fullgraph, dynamic shapes)
 
     def __post_init__(self) -> None:
         choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
+        choice("train.static_shapes", self.static_shapes, ("auto", "on", "off"))
+        choice("train.graphs", self.graphs, ("auto", "off"))
         choice("train.lr_decay", self.lr_decay, ("none", "linear", "cosine"))
         at_least(
             "train",
