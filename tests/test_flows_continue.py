@@ -135,10 +135,33 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
     assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
     record = registry.record_at(project, out["candidate"]["experiment_commit"])
     assert record["parent"] is None and "retrain.mode=scratch" in record["overrides"]
-    greek = [" ".join(GREEK[(i + j) % 10] for j in range(8)) + "\n" for i in range(400)]
-    write_corpus(source, corpus, 400, greek)  # new data in a script the tokenizer never saw
+
+
+@pytest.mark.slow
+def test_continue_falls_back_when_the_new_data_is_new_to_the_tokenizer(
+    prefect_server: dict, tmp_path: Path
+) -> None:
+    from flows.retrain import retrain
+
+    source, corpus = corpus_files(tmp_path), tmp_path / "corpus"
+    write_corpus(source, corpus, 400)
+    project = checkout(tmp_path)
+    (project / "presets" / f"{PRESET}.yaml").write_text(yaml.safe_dump(preset(corpus)))
+    sh("git", "add", "-A", cwd=project)
+    sh("git", "commit", "-qm", "a continuing recipe", cwd=project)
+    ws = project / WORKSPACE
+    first = retrain(preset=PRESET, project=str(project))
+    assert first["version"] == "v1.0.0", first["reason"]
+    kept = (ws / "data/tokenizer/tokenizer.json").read_bytes()
+    # new data in a script the tokenizer never saw (distinct lines: the download stage dedups)
+    greek = [
+        " ".join([*(GREEK[(i + j) % 10] for j in range(8)), GREEK[i // 10 % 10], GREEK[i // 100]])
+        + "\n"
+        for i in range(400)
+    ]
+    write_corpus(source, corpus, 400, greek)
     out = retrain(preset=PRESET, project=str(project))
-    assert "trained from scratch: v2.0.0's tokenizer leaves" in out["reason"], out["reason"]
+    assert "trained from scratch: v1.0.0's tokenizer leaves" in out["reason"], out["reason"]
     assert "more than retrain.max_oov_rate 40.00%" in out["reason"]
     assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
     assert (ws / "data/tokenizer/tokenizer.json").read_bytes() != kept  # a new tokenizer

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {e}")
     if args.metrics:
         write_json(args.metrics, out)
-    print(json.dumps(out, indent=2))
+    print(f"{args.parent}: " + (f"the parent {out['version']}" if out["version"] else "none"))
 
 
 if __name__ == "__main__":
