@@ -2,8 +2,8 @@
 command that writes its figures to a folder as it goes (results.json, summary.md, pytest.log,
 profile.txt).
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out DIR --budget-s 480   # a GPU
-    python benchmarks/gpu_check.py --out DIR --reduced --device cpu              # CI, seconds
+    PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check --out DIR --budget-s 480   # a GPU
+    python -m benchmarks.gpu_check --out DIR --reduced --device cpu              # CI, seconds
 
 Sections (--sections; run in the order train, tests, stage, compile, decode (base), profile,
 variants, loss, decode (big); each measurement is skipped when too little of --budget-s is
@@ -75,13 +75,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-import gpu_peers as peers
-import gpu_report
-import gpu_sections
-import gpu_train
-
+from benchmarks import gpu_peers as peers
+from benchmarks import gpu_report, gpu_sections, gpu_train
 from transformer import ops
 from transformer.precision import resolve_precision
 

@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import gpu_peers as peers
-import gpu_train
 import torch
 
+from benchmarks import gpu_peers as peers
+from benchmarks import gpu_train
 from transformer import ops
 from transformer.incremental import Decoder
 from transformer.ops import output_loss

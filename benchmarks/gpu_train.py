@@ -21,11 +21,11 @@ import time
 from itertools import islice
 from pathlib import Path
 
-import gpu_peers as peers
 import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks import gpu_peers as peers
 from transformer import checkpoint, ops
 from transformer.config import ModelConfig, TrainConfig
 from transformer.data import Batch, BatchSampler, load_split

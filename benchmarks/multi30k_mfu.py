@@ -1,6 +1,6 @@
 """What limits a CPU training hour: the preset's training step against its own matmuls.
 
-    python benchmarks/multi30k_mfu.py data/shards data/tokenizer --params params.yaml
+    python -m benchmarks.multi30k_mfu data/shards data/tokenizer --params params.yaml
 
 In one process, with the params' model, batch size and threads:
 1. times `--steps` real training steps (forward, loss, backward, Adam) on train batches;
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from itertools import islice
 from pathlib import Path
@@ -32,7 +31,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer import allocator, config
 from transformer.data import BatchSampler, load_split
 from transformer.ids import PAD_ID

@@ -31,7 +31,8 @@ def check(tmp_path_factory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("gpu_check")
     cmd = [
         sys.executable,
-        "benchmarks/gpu_check.py",
+        "-m",
+        "benchmarks.gpu_check",
         "--out",
         str(out),
         "--reduced",
