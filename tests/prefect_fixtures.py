@@ -370,11 +370,12 @@ def wait_until(what: str, check, timeout: float = 600.0):
     raise AssertionError(f"gave up waiting for {what}")
 
 
-def fetch_champion(project: Path, tmp_path: Path) -> Path:
+def fetch_champion(project: Path, tmp_path: Path, *args: str) -> Path:
     """A fresh clone of `project` and, in it, `dvc artifacts get . transformer --stage prod -o
-    champion`, as the README says; the clone."""
+    champion ARGS`, as the README says; the clone."""
     fresh = tmp_path / "fresh"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
-    dvc = (sys.executable, "-m", "dvc")
-    sh(*dvc, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "champion", cwd=fresh)
+    get = (*DVC, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "champion")
+    sh(*get, *args, cwd=fresh)
     return fresh

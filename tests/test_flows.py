@@ -618,3 +618,34 @@ def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
     assert record["data_hash"] == "data/raw=a1.dir"
     assert record["shards_hash"] == "data/shards=b2.dir"  # the metrics file is not an output
     assert lineage(Snapshot(tmp_path), {"download": dag["download"]}, "HEAD")["shards_hash"] is None
+
+
+def test_promoted_without_a_remote_then_published(
+    toy: Path, prefect_server: dict, tmp_path: Path
+) -> None:
+    """A champion promoted before the project had a DVC remote: no other clone can fetch it,
+    until a remote is added and `python -m flows.registry publish` pushes it."""
+    env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
+    sh(*DVC, "exp", "run", "-n", "before-remote", "-S", "train.max_steps=30", cwd=toy, env=env)
+    promoted = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "before-remote"],
+        cwd=toy,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    assert "promoted as v1.0.0: no champion yet" in promoted.stdout
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=toy)
+    sh("git", "commit", "-qm", "a DVC remote", ".dvc/config", cwd=toy)
+    with pytest.raises(AssertionError, match="No such file or directory"):  # not on the remote
+        fetch_champion(toy, tmp_path / "before", "--remote", "store")
+    out = sh(sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env)
+    assert "v1.0.0: published" in out and "--remote store" in out, out
+    assert "v1.0.0: on the remote already" in sh(
+        sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
+    )
+    # the version's commit predates the remote, hence `--remote store` (as publish says)
+    fresh = fetch_champion(toy, tmp_path / "after", "--remote", "store")
+    assert (fresh / "champion/model.pt").read_text().startswith("30 ")
