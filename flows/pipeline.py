@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ def _retriable(task, task_run, state) -> bool:
 )
 def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
+    t0 = time.monotonic()
+    stage_event("stage %s: started", stage)
     out = dvc(
         "repro",
         "--single-item",
@@ -58,7 +61,22 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
         what=f"stage {stage}",
     )
     text = "\n".join(out)
-    return "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
+    done = "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
+    stage_event("stage %s: %s (%.0f s)", stage, done, time.monotonic() - t0)
+    return done
+
+
+_parent: list[str] = []  # the flow run this one is a subflow of (retrain's), if any
+
+
+def stage_event(message: str, *args: Any) -> None:
+    """A stage's start or end, in this run's log and in its parent's: retrain's log shows the
+    stages of the pipeline it runs as a subflow, as the pipeline's own does."""
+    logger().info(message, *args)
+    if _parent:
+        from prefect.logging import get_logger
+
+        get_logger("prefect.flow_runs").info(message, *args, extra={"flow_run_id": _parent[0]})
 
 
 def stage_task(stage: str, download_retries: int, retry_delay_s: float):
@@ -213,6 +231,7 @@ def pipeline(
     overrides = list(overrides or [])
     with workspace_lock(root):
         start_attempt()
+        _parent[:] = [p] if (p := flow_run.get_parent_flow_run_id()) else []
         ws, commit = prepare(root, rev, preset, overrides)
         dag = read_dag(ws)
         stages = run_stages(ws, dag, download_retries, retry_delay_s)

@@ -308,6 +308,16 @@ def deployment_run(
     )
 
 
+def flows_run(
+    env: dict[str, str], name: str, *args: str, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """`python -m flows.run NAME ARGS --wait`, as a script or cron job runs it."""
+    cmd = [sys.executable, "-m", "flows.run", name, *args, "--wait"]
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
 def run_id(cli_output: str) -> str:
     """The flow run id `prefect deployment run` printed."""
     for line in cli_output.splitlines():

@@ -17,12 +17,14 @@ import pytest
 from prefect import flow
 from prefect_fixtures import (
     DVC,
+    ROOT,
     artifact,
     client,
     copy_toy,
     deployment_run,
     dvc_json,
     fetch_champion,
+    flows_run,
     make_toy,
     run_id,
     run_logs,
@@ -206,14 +208,23 @@ def test_overrides_are_applied_and_a_typo_changes_nothing(tmp_path) -> None:
 
 
 def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> None:
-    """Progress-bar refreshes (lines ended by \\r) are rate-limited; DVC's git advice dropped;
-    a failure names its last error line first."""
+    """Progress-bar refreshes (lines ended by \\r, or a bar a line was printed after) and
+    repeats of a message are rate-limited; DVC's git advice and blank lines dropped; indented JSON logged as one line; a
+    failure names its last error line first."""
     script = (
-        "import sys, time\n"
+        "import json, sys, time\n"
         "print('real line 1', flush=True)\n"
         "for i in range(3000):\n"
         "    sys.stderr.write(f'\\r{i}/3000 [bar]'); sys.stderr.flush(); time.sleep(0.0005)\n"
         "sys.stderr.write('\\r3000/3000 [bar]\\n')\n"
+        "sys.stderr.write('\\r 50%|#####     | 50/100 [00:01<00:01, 9.10step/s, loss=2.1]')\n"
+        "sys.stderr.flush()\n"
+        "print('step 50: saved data/checkpoints/step_00000050.pt')\n"
+        "print('warning: other processes used 1.6 of 2 cores')\n"
+        "print('warning: other processes used 1.2 of 2 cores')\n"
+        "print()\n"
+        "print('  ')\n"
+        "print(json.dumps({'bleu': 1.5, 'signatures': {'bleu': 'nrefs:1'}}, indent=2))\n"
         "print('To track the changes with git, run:')\n"
         "print('\\tgit add dvc.lock')\n"
         "print('error: data/x.bin: not a shard (bad magic)')\n"
@@ -227,6 +238,12 @@ def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> Non
     logged = [r.getMessage() for r in caplog.records if r.name == "flows"][1:]  # after "$ cmd"
     assert "real line 1" in logged and "3000/3000 [bar]" in logged  # the bar's final state
     assert len([m for m in logged if "[bar]" in m]) == 2  # the first refresh and the last line
+    # a line printed after a bar's refresh is a line of its own; the refresh is rate-limited
+    assert "step 50: saved data/checkpoints/step_00000050.pt" in logged
+    assert not any("50/100" in m for m in logged)
+    assert len([m for m in logged if m.startswith("warning: other")]) == 1  # repeats: 1 a minute
+    assert '{"bleu": 1.5, "signatures": {"bleu": "nrefs:1"}}' in logged  # metrics: one line
+    assert not any(m.strip() in ("", "{", "}") for m in logged)  # no blank lines
     assert not any("git add" in m or "To track" in m for m in logged)
     assert str(e.value).startswith("stage shard failed: error: data/x.bin: not a shard")
     assert not e.value.transient and not e.value.lock_busy
@@ -423,8 +440,9 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
 
     toy = project.path
     hold, started, runlog = controls["TOY_HOLD"], controls["TOY_STARTED"], controls["TOY_RUNLOG"]
-    r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=100"]')
-    assert r.returncode == 0 and flow_run(run_id(r.stdout)).state.is_completed()
+    r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=100"]')
+    assert r.returncode == 0 and flow_run(run_id(r.stdout)).state.is_completed(), r.stdout
+    assert "stage train: Completed" in r.stdout and "ended Completed" in r.stdout
     untouched(project)
     started.unlink(missing_ok=True)
     hold.touch()  # the first retrain's train stage waits until the test removes this file
@@ -459,6 +477,7 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
     assert champion["bleu"] == 60.0 and champion["version"] == "v1.0.0"
     assert champion["preset"] == "demo" and champion["overrides"] == []
     assert "nothing retrained" in artifact(second, "retrain-decision")
+    assert "stage train: ran" in logs(str(first.id))  # retrain's log shows the stages it ran
     assert runlog.read_text().split().count("train") >= 2
     untouched(project)
 
@@ -506,22 +525,22 @@ def test_retrain_considers_code_and_recipe_changes_and_runs_queue(
 def test_a_failed_run_names_its_cause_and_changes_nothing(
     project, prefect_server: dict, controls: dict
 ) -> None:
-    r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
+    """`python -m flows.run ... --wait` exits 1 and prints the cause (and the stage)."""
+    r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
+    assert r.returncode == 1 and "unknown key train.max_step" in r.stdout, r.stdout
     state = flow_run(run_id(r.stdout)).state
     assert state.is_failed() and "unknown key train.max_step" in state.message
     untouched(project)
     controls["TOY_FAIL_TRAIN"].touch()
     try:
-        r = deployment_run(
-            prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=70"]'
-        )
+        r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=70"]')
     finally:
         controls["TOY_FAIL_TRAIN"].unlink()
     state = flow_run(run_id(r.stdout)).state
     assert state.is_failed(), state
-    assert (
-        "stage train failed: error: data/shards/train.bin: not a shard (simulated corruption)"
-    ) in state.message
+    cause = "stage train failed: error: data/shards/train.bin: not a shard (simulated corruption)"
+    assert cause in state.message
+    assert r.returncode == 1 and f"in stage train: {cause}" in r.stdout, r.stdout
     untouched(project)
 
 
@@ -547,8 +566,16 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
         )
     out = sh(sys.executable, "-m", "flows.promote", "by-hand-better", cwd=toy, env=cli)
     assert "promoted as v2.0.0: candidate BLEU 90.00 beats champion 60.00" in out
-    out = sh(sys.executable, "-m", "flows.promote", "by-hand-worse", cwd=toy, env=cli)
-    assert "not promoted: candidate BLEU 30.00 does not beat champion 90.00" in out
+    worse = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "by-hand-worse"],
+        cwd=toy,
+        env=cli,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert worse.returncode == 3, worse.stdout + worse.stderr  # refused: a script can tell
+    assert "not promoted: candidate BLEU 30.00 does not beat champion 90.00" in worse.stdout
     assert tags(toy)[-1] == "transformer@v2.0.0" and "transformer#prod#2" in tags(toy)
     from flows import registry
 
@@ -579,13 +606,26 @@ def test_killed_serve_process_then_the_run_resumes(
     hold, started = controls["TOY_HOLD"], controls["TOY_STARTED"]
     started.unlink(missing_ok=True)
     hold.touch()
-    r = deployment_run(
-        prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=30"]', watch=False
+    waiter = subprocess.Popen(  # what a script waits on, across the crash and the retry
+        [
+            sys.executable,
+            "-m",
+            "flows.run",
+            "pipeline/demo",
+            "-p",
+            'overrides=["train.max_steps=30"]',
+        ]
+        + ["--wait"],
+        cwd=ROOT,
+        env=prefect_server,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    run = run_id(r.stdout)
     wait_until("train to start", started.exists)
     project.serve.send_signal(signal.SIGKILL)
     project.serve.wait()
+    run = latest_run("pipeline").id
     rescheduled = wait_until(
         "the crashed run to be rescheduled", lambda: flow_run(run).state.name == "AwaitingRetry"
     )
@@ -596,7 +636,11 @@ def test_killed_serve_process_then_the_run_resumes(
     hold.unlink()
     with served(toy, prefect_server, **env):
         final = finished(run)
+        printed = waiter.communicate(timeout=600)[0]
     assert final.state.is_completed(), final.state
+    assert waiter.returncode == 0, printed
+    assert f"UUID: {run}" in printed and "Crashed: the process serving" in printed, printed
+    assert "ended Completed after 2 attempt(s)" in printed
     text = logs(run)
     assert "attempt 2 of 3; the last one crashed: the process serving" in text
     assert "toy train: resuming from data/checkpoints/step_00000001.pt" in text
