@@ -66,7 +66,7 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
     return done
 
 
-_parent: list[str] = []  # the flow run this one is a subflow of (retrain's), if any
+_parent: dict[str, str] = {}  # the flow run this one is a subflow of (retrain's), if any
 
 
 def stage_event(message: str, *args: Any) -> None:
@@ -76,7 +76,20 @@ def stage_event(message: str, *args: Any) -> None:
     if _parent:
         from prefect.logging import get_logger
 
-        get_logger("prefect.flow_runs").info(message, *args, extra={"flow_run_id": _parent[0]})
+        get_logger("prefect.flow_runs").info(message, *args, extra=_parent)
+
+
+def find_parent() -> dict[str, str]:
+    """The parent flow run's id and names, as a run logger's records carry them; {} if none."""
+    from prefect.client.orchestration import get_client
+
+    parent = flow_run.get_parent_flow_run_id()
+    if not parent:
+        return {}
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(parent)
+        name = client.read_flow(run.flow_id).name
+    return {"flow_run_id": str(run.id), "flow_run_name": run.name, "flow_name": name}
 
 
 def stage_task(stage: str, download_retries: int, retry_delay_s: float):
@@ -231,7 +244,8 @@ def pipeline(
     overrides = list(overrides or [])
     with workspace_lock(root):
         start_attempt()
-        _parent[:] = [p] if (p := flow_run.get_parent_flow_run_id()) else []
+        _parent.clear()
+        _parent.update(find_parent())
         ws, commit = prepare(root, rev, preset, overrides)
         dag = read_dag(ws)
         stages = run_stages(ws, dag, download_retries, retry_delay_s)

@@ -112,7 +112,10 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
             verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
             if kind != "COMPLETED":
                 stage = f" in stage {follower.failed_stage}" if follower.failed_stage else ""
-                verdict += f"{stage}: {run.state.message or 'no message'}"
+                first = (run.state.message or "no message").splitlines()[0]
+                verdict += (
+                    f"{stage}: {first}"  # the cause; the output's tail: `prefect flow-run inspect`
+                )
             say(verdict)
             return EXIT[kind]
         time.sleep(every_s)

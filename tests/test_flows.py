@@ -25,6 +25,7 @@ from prefect_fixtures import (
     dvc_json,
     fetch_champion,
     flows_run,
+    git_init,
     make_toy,
     run_id,
     run_logs,
@@ -37,7 +38,7 @@ from flows.dag import Stage, generations, locked_outs, read_dag
 from flows.lineage import Snapshot, lineage
 from flows.pipeline import MAX_ATTEMPTS, start_attempt
 from flows.promote import gate
-from flows.shell import CommandError, apply_params, run
+from flows.shell import CommandError, apply_params, dvc, run
 from flows.workspace import WORKSPACE, prepare, reap, release_dead_locks
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
@@ -247,6 +248,18 @@ def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> Non
     assert not any("git add" in m or "To track" in m for m in logged)
     assert str(e.value).startswith("stage shard failed: error: data/x.bin: not a shard")
     assert not e.value.transient and not e.value.lock_busy
+
+
+def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path) -> None:
+    """An OOM kill or `kill -9` of a stage's own process: real DVC reports it (`exited with
+    -9`), and the flows retry the stage (the soak's stage-process fault)."""
+    git_init(tmp_path)
+    sh(*DVC, "init", "-q", cwd=tmp_path)
+    kill = "python -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'"
+    (tmp_path / "dvc.yaml").write_text(f"stages:\n  oom:\n    cmd: {kill}\n    outs: [x]\n")
+    with pytest.raises(CommandError) as e:
+        dvc("repro", cwd=tmp_path, what="stage oom")
+    assert e.value.transient, str(e.value)
 
 
 def test_reap_ends_what_a_crashed_attempt_left_in_the_workspace(tmp_path) -> None:
@@ -478,6 +491,7 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
     assert champion["preset"] == "demo" and champion["overrides"] == []
     assert "nothing retrained" in artifact(second, "retrain-decision")
     assert "stage train: ran" in logs(str(first.id))  # retrain's log shows the stages it ran
+    assert "Logging error" not in project.serve.log_path.read_text()
     assert runlog.read_text().split().count("train") >= 2
     untouched(project)
 
@@ -540,7 +554,9 @@ def test_a_failed_run_names_its_cause_and_changes_nothing(
     assert state.is_failed(), state
     cause = "stage train failed: error: data/shards/train.bin: not a shard (simulated corruption)"
     assert cause in state.message
-    assert r.returncode == 1 and f"in stage train: {cause}" in r.stdout, r.stdout
+    last = r.stdout.splitlines()[-1]
+    assert r.returncode == 1 and "ended Failed" in last and "in stage train: " in last, r.stdout
+    assert cause in last
     untouched(project)
 
 
