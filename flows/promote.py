@@ -2,7 +2,7 @@
 
     python -m flows.promote EXPERIMENT               # a `dvc exp show` name, a commit, a tag
                                                      # exit status 0 promoted, 3 refused
-    prefect deployment run 'promote/promote' -p experiment=EXPERIMENT
+    python -m flows.run promote/promote -p experiment=EXPERIMENT --wait
 
 Any experiment qualifies, one a flow ran or one run by hand (`dvc exp run`): its record is read
 from its commit (params, dvc.lock, metrics). The gate is the one scheduled retraining uses: the

@@ -56,7 +56,7 @@ class Follower:
         self.run_id = run_id
         self.states: set = set()  # ids of the run's states printed
         self.tasks: dict = {}  # task run id -> state name printed
-        self.failed_stage: str | None = None
+        self.failed: dict = {}  # task run id -> stage, for task runs whose last state failed
 
     def poll(self, client):
         """Print what is new; the flow run."""
@@ -80,8 +80,9 @@ class Follower:
             if self.tasks.get(t.id) != name:
                 self.tasks[t.id] = name
                 say(f"stage {stage_name(t)}: {name}")
+                self.failed.pop(t.id, None)
                 if t.state and t.state.is_failed():
-                    self.failed_stage = stage_name(t)
+                    self.failed[t.id] = stage_name(t)
         return run
 
 
@@ -92,7 +93,7 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
 
     follower = Follower(run_id)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    crashed_since = None
+    crashed_since, state = None, "unknown (the server did not answer)"
     while deadline is None or time.monotonic() < deadline:
         try:
             with get_client(sync_client=True) as client:
@@ -101,7 +102,7 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
             say(f"the Prefect server did not answer ({e}); trying again")
             time.sleep(every_s * 5)
             continue
-        kind = run.state.type.value
+        kind, state = run.state.type.value, run.state.name
         if kind == "CRASHED":
             crashed_since = crashed_since or time.monotonic()
             if time.monotonic() - crashed_since < crash_grace_s:
@@ -111,15 +112,14 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
         if kind in EXIT:
             verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
             if kind != "COMPLETED":
-                stage = f" in stage {follower.failed_stage}" if follower.failed_stage else ""
-                first = (run.state.message or "no message").splitlines()[0]
-                verdict += (
-                    f"{stage}: {first}"  # the cause; the output's tail: `prefect flow-run inspect`
-                )
+                failed = list(follower.failed.values())
+                stage = f" in stage {failed[-1]}" if failed else ""
+                # the cause; the stage output's tail: `prefect flow-run inspect ID`
+                verdict += f"{stage}: {(run.state.message or 'no message').splitlines()[0]}"
             say(verdict)
             return EXIT[kind]
         time.sleep(every_s)
-    say(f"run {run_id} not finished after {timeout_s:.0f} s; still {run.state.name}")
+    say(f"run {run_id} not finished after {timeout_s:.0f} s; still {state}")
     return TIMEOUT
 
 

@@ -45,7 +45,7 @@ _orphaned = threading.Event()  # set by the orphan watch: the flow run is ending
 
 class CommandError(RuntimeError):
     """A command exited non-zero. The message's first line names the cause: the last error line
-    of its output (what `prefect deployment run --watch` shows as the run's state message)."""
+    of its output (the run's state message, what `python -m flows.run --wait` prints)."""
 
     def __init__(self, what: str, cmd: list[str], code: int, tail: list[str]):
         self.lock_busy = any(m in line for line in tail for m in LOCK_BUSY)
