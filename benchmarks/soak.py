@@ -5,7 +5,8 @@
 Everything is real and local: a Prefect server on 127.0.0.1; `python -m flows.serve`, restarted
 whenever it dies (as systemd's Restart=always would); a corpus server on 127.0.0.1 that the
 `wmt` source downloads from; and a git clone of this checkout (its committed code) with a
-`soak` preset: the demo's synthetic corpus served as files, the demo's model, 40 steps.
+`soak` preset: the demo's synthetic corpus served as files, the demo's model, 40 steps
+(--steps).
 Before each cycle the train split changes (a new snapshot; valid and test stay), then
 `retrain/retrain` runs with the deployment's own recipe, as its cron schedule would. A share of
 the cycles (--fault-rate), and at least one cycle per kind of fault, gets one fault: every kind
@@ -61,7 +62,7 @@ download:
     valid: [{{path: "{url}/valid.{{lang}}", name: valid}}]
     test: [{{path: "{url}/test.{{lang}}", name: test}}]
 tokenizer: {{vocab_size: 1000}}
-train: {{max_steps: 40, warmup_steps: 20, lr_scale: 0.7, save_every_steps: 10,
+train: {{max_steps: {steps}, warmup_steps: 20, lr_scale: 0.7, save_every_steps: 10,
         valid_every_steps: 20, log_every_steps: 10}}
 average: {{last_k: 2}}
 decode: {{beam_size: 2, batch_tokens: 2048}}
@@ -335,7 +336,7 @@ def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     raise RuntimeError(f"the Prefect server did not start: {home / 'server.log'}")
 
 
-def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
+def setup(workdir: Path, url: str, size_mb: int, steps: int) -> tuple[Path, Path, bool]:
     """(the project, its file system's mount point, whether that is a tmpfs of its own)."""
     fs = workdir / "fs"
     fs.mkdir(parents=True, exist_ok=True)
@@ -349,7 +350,7 @@ def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
     )
     project = fs / "project"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
-    (project / "presets/soak.yaml").write_text(PRESET.format(url=url))
+    (project / "presets/soak.yaml").write_text(PRESET.format(url=url, steps=steps))
     for cmd in (
         [sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(workdir / "remote")],
         ["git", "add", "presets/soak.yaml", ".dvc/config"],
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fault-rate", type=float, default=1 / 3)
     ap.add_argument("--pairs", type=int, default=4000, help="train pairs per snapshot")
+    ap.add_argument("--steps", type=int, default=40, help="training steps per cycle")
     ap.add_argument("--fs-mb", type=int, default=3000, help="size of the project's tmpfs")
     ap.add_argument("--cycle-timeout", type=float, default=1800.0)
     args = ap.parse_args(argv)
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Corpus)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    project, fs, mounted = setup(args.workdir, url, args.fs_mb)
+    project, fs, mounted = setup(args.workdir, url, args.fs_mb, args.steps)
     faults = FAULTS if mounted else tuple(f for f in FAULTS if f != "full")
     os.environ.update({k: v for k, v in env.items() if k.startswith(("PREFECT_", "DVC_"))})
     params_before = (project / "params.yaml").read_bytes()
