@@ -180,7 +180,7 @@ def push(project: Path, path: str, commit: str, tries: int = 3, delay_s: float =
             with Repo(str(project), remote=name, remote_config=conf) as repo:
                 n = repo.push(targets=[path], revs=[commit], workspace=False, remote=name)
             break
-        except DvcException as e:
+        except (DvcException, OSError) as e:  # DVC's errors; the file system's (a local remote)
             if attempt == tries:
                 raise RegistryError(f"pushing {path} of {commit[:9]} to {name!r}: {e}") from e
             logger().warning("pushing to %r failed (%s); trying again", name, e)

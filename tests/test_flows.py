@@ -262,6 +262,21 @@ def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path) -> None:
     assert e.value.transient, str(e.value)
 
 
+def test_serving_without_a_remote_needs_local_only(tmp_path, capsys) -> None:
+    """No default DVC remote: `flows.serve` refuses to start, naming the fix, unless told
+    --local-only; with a remote it starts."""
+    from flows.serve import recipe_args
+
+    git_init(tmp_path)
+    sh(*DVC, "init", "-q", cwd=tmp_path)
+    with pytest.raises(SystemExit) as e:
+        recipe_args([], "python -m flows.serve", "", tmp_path)
+    assert e.value.code == 2 and "dvc remote add -d store URL" in capsys.readouterr().err
+    assert recipe_args(["--local-only"], "python -m flows.serve", "", tmp_path).local_only
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=tmp_path)
+    assert not recipe_args([], "python -m flows.serve", "", tmp_path).local_only
+
+
 def test_reap_ends_what_a_crashed_attempt_left_in_the_workspace(tmp_path) -> None:
     ws = tmp_path / "ws"
     (ws / "data").mkdir(parents=True)
@@ -483,6 +498,7 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
     # the retrain trained the demo recipe (600 steps: BLEU 60 in the toy), not the override's
     decision = artifact(str(first.id), "retrain-decision")
     assert "promoted as v1.0.0" in decision and "no champion yet" in decision
+    assert "| candidate | pipeline-" in decision  # the experiment, by name
     assert tags(toy) == ["transformer#prod#1", "transformer@v1.0.0"]
     from flows import registry
 
@@ -599,6 +615,12 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
     refused = latest_run("promote")
     decision = artifact(str(refused.id), "promotion-decision")
     assert "champion kept" in decision and "does not beat champion 90.00" in decision
+    assert "| candidate | by-hand-worse |" in decision  # the experiments, by name
+    assert "| champion before | by-hand-better |" in decision
+    # git alone tells the history: one annotated tag per decision, refusals included
+    assert "refused: candidate BLEU 30.00 does not beat champion 90.00" in sh(
+        "git", "tag", "-n1", "--list", "decision/*", cwd=toy
+    )
 
 
 @pytest.mark.slow
@@ -709,3 +731,32 @@ def test_promoted_without_a_remote_then_published(
     # the version's commit predates the remote, hence `--remote store` (as publish says)
     fresh = fetch_champion(toy, tmp_path / "after", "--remote", "store")
     assert (fresh / "champion/model.pt").read_text().startswith("30 ")
+
+
+def test_the_next_decision_publishes_what_a_down_remote_missed(
+    toy: Path, prefect_server: dict, tmp_path: Path
+) -> None:
+    """The remote is unreachable when a version is promoted: the version stands, its push is
+    tried again by the next promotion decision, and then any clone fetches it."""
+    env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
+    (tmp_path / "down").write_text("a file where the remote's folder should be\n")
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "down" / "remote"), cwd=toy)
+    sh("git", "commit", "-qm", "a DVC remote", ".dvc/config", cwd=toy)
+    sh(*DVC, "exp", "run", "-n", "while-down", "-S", "train.max_steps=40", cwd=toy, env=env)
+
+    def promote() -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "flows.promote", "while-down"]
+        return subprocess.run(cmd, cwd=toy, env=env, capture_output=True, text=True, check=False)
+
+    first = promote()
+    assert first.returncode == 0 and "promoted as v1.0.0" in first.stdout, first.stderr
+    assert "v1.0.0 is not published yet" in first.stdout + first.stderr
+    sh(*DVC, "remote", "modify", "store", "url", str(tmp_path / "remote"), cwd=toy)
+    sh("git", "commit", "-qm", "the remote's new home", ".dvc/config", cwd=toy)
+    again = promote()  # the gate refuses (the champion already); its publishing catches up
+    assert again.returncode == 3 and "the champion already" in again.stdout, again.stderr
+    assert "v1.0.0: on the remote already" in sh(
+        sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
+    )
+    fresh = fetch_champion(toy, tmp_path)  # the tagged commit names the remote: no --remote
+    assert (fresh / "champion/model.pt").read_text().startswith("40 ")
