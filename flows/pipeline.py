@@ -11,6 +11,7 @@ metrics; the recipe in the commit message), so `dvc exp show` in the checkout li
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from flows.shell import (
 )
 
 MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes
+RETRY_DELAYS_S = (2, 10, 30)  # before each retry of a failure that may pass
 
 
 def _retriable(task, task_run, state) -> bool:
@@ -46,7 +48,10 @@ def _retriable(task, task_run, state) -> bool:
 
 
 @task(
-    cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_retriable
+    cache_policy=NO_CACHE,
+    retries=len(RETRY_DELAYS_S),
+    retry_delay_seconds=list(RETRY_DELAYS_S),
+    retry_condition_fn=_retriable,
 )
 def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
@@ -167,7 +172,16 @@ def _orphaned(run_id: str, parent: int) -> None:
 def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> tuple[Path, str]:
     """The run workspace at `rev` with the recipe applied; (its path, the commit)."""
     ws, commit = workspace.prepare(root, rev)
-    apply_params(ws, preset, overrides)
+    for delay_s in (*RETRY_DELAYS_S, None):  # a full disk may pass, as for the stages
+        try:
+            apply_params(ws, preset, overrides)
+            break
+        except (CommandError, OSError) as e:
+            full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+            if delay_s is None or not (full or getattr(e, "transient", False)):
+                raise
+            logger().warning("%s; trying again in %d s", str(e).splitlines()[0], delay_s)
+            time.sleep(delay_s)
     logger().info(
         "run workspace %s at %s; preset %s, overrides %s", ws, commit[:9], preset, overrides
     )
