@@ -381,6 +381,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fault-rate", type=float, default=1 / 3)
     ap.add_argument("--pairs", type=int, default=4000, help="train pairs per snapshot")
     ap.add_argument("--steps", type=int, default=40, help="training steps per cycle")
+    ap.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"the kinds to inject (default {','.join(FAULTS)})",
+    )
     ap.add_argument("--fs-mb", type=int, default=3000, help="size of the project's tmpfs")
     ap.add_argument("--cycle-timeout", type=float, default=1800.0)
     args = ap.parse_args(argv)
@@ -393,7 +398,10 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     project, fs, mounted = setup(args.workdir, url, args.fs_mb, args.steps)
-    faults = FAULTS if mounted else tuple(f for f in FAULTS if f != "full")
+    kinds = tuple(args.faults.split(","))
+    if unknown := set(kinds) - set(FAULTS):
+        sys.exit(f"error: unknown fault kinds {sorted(unknown)} (known: {', '.join(FAULTS)})")
+    faults = kinds if mounted else tuple(f for f in kinds if f != "full")
     os.environ.update({k: v for k, v in env.items() if k.startswith(("PREFECT_", "DVC_"))})
     params_before = (project / "params.yaml").read_bytes()
     ws = project / ".dvc/tmp/flows/workspace"
