@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.workdir.exists():
         sys.exit(f"error: {args.workdir} exists; give a new folder")
+    kinds = tuple(args.faults.split(","))
+    if unknown := set(kinds) - set(FAULTS):
+        sys.exit(f"error: unknown fault kinds {sorted(unknown)} (known: {', '.join(FAULTS)})")
     rng = random.Random(args.seed)
     (home := args.workdir / "prefect").mkdir(parents=True)
     server, env = start_server(home)
@@ -398,9 +401,6 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     project, fs, mounted = setup(args.workdir, url, args.fs_mb, args.steps)
-    kinds = tuple(args.faults.split(","))
-    if unknown := set(kinds) - set(FAULTS):
-        sys.exit(f"error: unknown fault kinds {sorted(unknown)} (known: {', '.join(FAULTS)})")
     faults = kinds if mounted else tuple(f for f in kinds if f != "full")
     os.environ.update({k: v for k, v in env.items() if k.startswith(("PREFECT_", "DVC_"))})
     params_before = (project / "params.yaml").read_bytes()
