@@ -304,7 +304,7 @@ def deployment_run(
     """`prefect deployment run NAME [--watch] ARGS` as a user types it."""
     cmd = [str(BIN / "prefect"), "deployment", "run", name, *(["--watch"] if watch else []), *args]
     return subprocess.run(
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800, check=False
     )
 
 
@@ -314,7 +314,7 @@ def flows_run(
     """`python -m flows.run NAME ARGS --wait`, as a script or cron job runs it."""
     cmd = [sys.executable, "-m", "flows.run", name, *args, "--wait"]
     return subprocess.run(
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800, check=False
     )
 
 
