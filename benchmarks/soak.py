@@ -244,8 +244,9 @@ def inject(
     if fault == "kill":
         sup.kill()
         log.append("kill -9 of the serve process")
-    elif fault == "stagekill":
-        pids = stage_pids(ws)
+    elif fault == "stagekill":  # at a moment a stage's own process runs (not between stages)
+        while not (pids := stage_pids(ws)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         with contextlib.suppress(IndexError, ProcessLookupError):
             cmd = Path(f"/proc/{pids[-1][1]}/cmdline").read_bytes().replace(b"\0", b" ")
             os.kill(pids[-1][1], 9)
