@@ -329,7 +329,7 @@ def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     )
     import urllib.request
 
-    for _ in range(600):
+    for _ in range(3000):  # a busy machine takes minutes
         with contextlib.suppress(OSError):
             if urllib.request.urlopen(f"{env['PREFECT_API_URL']}/health", timeout=2).status == 200:
                 return proc, env
