@@ -442,11 +442,14 @@ def one_cycle(cycle, args, rng, fault, sup, ws, fs, project) -> dict:
     log: list[str] = []
     t0, since = time.monotonic(), time.time()
     fr = run_deployment("retrain/retrain", timeout=0)
+    injector = threading.Thread(
+        target=inject, args=(fault, sup, ws, fs, rng, log, since), daemon=True
+    )
     if fault:
-        threading.Thread(
-            target=inject, args=(fault, sup, ws, fs, rng, log, since), daemon=True
-        ).start()
+        injector.start()
     final = wait_final(str(fr.id), args.cycle_timeout)
+    if fault:  # a fault outlasting its cycle (a disk still full) must not fail the next one
+        injector.join(timeout=args.cycle_timeout)
     champion = registry.champion(project)
     return {
         "cycle": cycle,

@@ -27,6 +27,7 @@ from prefect.tasks import exponential_backoff
 from flows import lineage, workspace
 from flows.dag import Stage, read_dag
 from flows.shell import (
+    TRANSIENT,
     CommandError,
     apply_params,
     dvc,
@@ -171,14 +172,14 @@ def _orphaned(run_id: str, parent: int) -> None:
 
 def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> tuple[Path, str]:
     """The run workspace at `rev` with the recipe applied; (its path, the commit)."""
-    ws, commit = workspace.prepare(root, rev)
     for delay_s in (*RETRY_DELAYS_S, None):  # a full disk may pass, as for the stages
         try:
+            ws, commit = workspace.prepare(root, rev)
             apply_params(ws, preset, overrides)
             break
-        except (CommandError, OSError) as e:
+        except (CommandError, OSError, workspace.WorkspaceError) as e:
             full = isinstance(e, OSError) and e.errno == errno.ENOSPC
-            if delay_s is None or not (full or getattr(e, "transient", False)):
+            if delay_s is None or not (full or TRANSIENT.search(str(e))):
                 raise
             logger().warning("%s; trying again in %d s", str(e).splitlines()[0], delay_s)
             time.sleep(delay_s)

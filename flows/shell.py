@@ -27,7 +27,7 @@ from pathlib import Path
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 # causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
 TRANSIENT = re.compile(
-    r"No space left on device|Errno 28|Connection (reset|refused|aborted)|"
+    r"No space left on device|Errno 28|Out of diskspace|Connection (reset|refused|aborted)|"
     r"timed out|Temporary failure|"
     # the stage's own process killed (DVC: "exited with -9"; torchrun: "exitcode : -9")
     r"exited with -(9|15)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
