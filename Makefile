@@ -19,7 +19,7 @@ help:
 	@echo "make test   - install into $(VENV) and run the whole test suite"
 	@echo "make multi30k - the multi30k-en-de preset: real Multi30k, 60 minutes of training"
 	@echo "make setup  - only install (the tested versions, from requirements.lock)"
-	@echo "make results - one line per experiment: preset, BLEU, chrF, steps, training time"
+	@echo "make results - every experiment, one line each: recipe, BLEU, steps, time, champion, decisions"
 	@echo "make lock   - re-resolve the newest versions pyproject.toml allows into requirements.lock"
 
 # requirements.lock: the versions the tests passed with (pip constraints: pyproject.toml's

@@ -5,19 +5,23 @@
 Everything is real and local: a Prefect server on 127.0.0.1; `python -m flows.serve`, restarted
 whenever it dies (as systemd's Restart=always would); a corpus server on 127.0.0.1 that the
 `wmt` source downloads from; and a git clone of this checkout (its committed code) with a
-`soak` preset: the demo's synthetic corpus served as files, the demo's model, 40 steps.
+`soak` preset: the demo's synthetic corpus served as files, the demo's model, 40 steps
+(--steps).
 Before each cycle the train split changes (a new snapshot; valid and test stay), then
 `retrain/retrain` runs with the deployment's own recipe, as its cron schedule would. A share of
-the cycles (--fault-rate) gets one fault, drawn at random:
+the cycles (--fault-rate), and at least one cycle per kind of fault, gets one fault: every kind
+once, the rest drawn at random, in an order and at cycles drawn from --seed:
 
 - kill: kill -9 of the serve process while a stage runs;
+- stagekill: kill -9 of the stage's own process (the newest process in the run workspace that
+  is not DVC: the stage command, or a torchrun worker);
 - http500: the corpus server answers 500 to the next few requests;
 - drop: it drops the connection half-way through the next few bodies;
 - corrupt: a shard in the run workspace is overwritten with garbage once the shard stage has
   written it (the train stage then refuses it: its sha256 no longer matches);
 - full: the project's file system (a tmpfs, so root only) is filled for 20 s during a stage.
 
-It prints a table of the cycles and checks what an unattended run must leave: no run left
+It prints a table of the cycles, one of the faults by kind, and checks what an unattended run must leave: no run left
 Running, Pending or rescheduled; every cycle Completed (after its automatic retries) or Failed
 with a named cause; the champion's BLEU never lower than the previous champion's; no lock held,
 no DVC temporary workspace, half-written folder or stage process left; the checkout unchanged.
@@ -44,7 +48,7 @@ from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-FAULTS = ("kill", "http500", "drop", "corrupt", "full")
+FAULTS = ("kill", "stagekill", "http500", "drop", "corrupt", "full")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 PRESET = """# The soak test's recipe (benchmarks/soak.py): the demo, served over HTTP, trained briefly.
@@ -58,7 +62,7 @@ download:
     valid: [{{path: "{url}/valid.{{lang}}", name: valid}}]
     test: [{{path: "{url}/test.{{lang}}", name: test}}]
 tokenizer: {{vocab_size: 1000}}
-train: {{max_steps: 40, warmup_steps: 20, lr_scale: 0.7, save_every_steps: 10,
+train: {{max_steps: {steps}, warmup_steps: 20, lr_scale: 0.7, save_every_steps: 10,
         valid_every_steps: 20, log_every_steps: 10}}
 average: {{last_k: 2}}
 decode: {{beam_size: 2, batch_tokens: 2048}}
@@ -175,6 +179,32 @@ class Supervisor:
             stop_group(self.proc, grace_s=60)  # SIGTERM, as systemd stops it; then SIGKILL
 
 
+def plan(cycles: int, faults: tuple[str, ...], rate: float, rng: random.Random) -> list:
+    """The fault of each cycle (None: none): every kind once (as many kinds as there are
+    cycles), the rest of round(rate * cycles) drawn at random; kinds and cycles shuffled."""
+    n = min(cycles, max(len(faults), round(rate * cycles)))
+    drawn = list(faults) + [rng.choice(faults) for _ in range(n - len(faults))]
+    rng.shuffle(drawn)
+    out: list = [None] * cycles
+    for cycle, fault in zip(sorted(rng.sample(range(cycles), n)), drawn[:n]):
+        out[cycle] = fault
+    return out
+
+
+def stage_pids(ws: Path) -> list[tuple[float, int]]:
+    """(start time, pid) of each process in the run workspace that is not DVC itself."""
+    root, found = str(ws.resolve()), []
+    for pid in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if not os.readlink(pid / "cwd").startswith(root):
+                continue
+            if b"dvc" in (pid / "cmdline").read_bytes().split(b"\0")[:3]:
+                continue
+            start = float((pid / "stat").read_text().rsplit(")", 1)[1].split()[19])
+            found.append((start, int(pid.name)))
+    return sorted(found)
+
+
 def stage_running(ws: Path) -> bool:
     """Whether a stage process (its working directory is the run workspace) is running."""
     root = str(ws.resolve())
@@ -214,6 +244,15 @@ def inject(
     if fault == "kill":
         sup.kill()
         log.append("kill -9 of the serve process")
+    elif fault == "stagekill":  # at a moment a stage's own process runs (not between stages)
+        while not (pids := stage_pids(ws)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(IndexError, ProcessLookupError):
+            cmd = Path(f"/proc/{pids[-1][1]}/cmdline").read_bytes().replace(b"\0", b" ")
+            os.kill(pids[-1][1], 9)
+            log.append(f"kill -9 of the stage process {pids[-1][1]}: {cmd.decode()[:80]}")
+        if not log:
+            log.append("stagekill: no stage process found")
     elif fault == "full":
         free = shutil.disk_usage(fs).free
         filler = fs / "filler"
@@ -290,7 +329,7 @@ def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     )
     import urllib.request
 
-    for _ in range(600):
+    for _ in range(3000):  # a busy machine takes minutes
         with contextlib.suppress(OSError):
             if urllib.request.urlopen(f"{env['PREFECT_API_URL']}/health", timeout=2).status == 200:
                 return proc, env
@@ -298,7 +337,7 @@ def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     raise RuntimeError(f"the Prefect server did not start: {home / 'server.log'}")
 
 
-def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
+def setup(workdir: Path, url: str, size_mb: int, steps: int) -> tuple[Path, Path, bool]:
     """(the project, its file system's mount point, whether that is a tmpfs of its own)."""
     fs = workdir / "fs"
     fs.mkdir(parents=True, exist_ok=True)
@@ -312,9 +351,10 @@ def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
     )
     project = fs / "project"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
-    (project / "presets/soak.yaml").write_text(PRESET.format(url=url))
+    (project / "presets/soak.yaml").write_text(PRESET.format(url=url, steps=steps))
     for cmd in (
-        ["git", "add", "presets/soak.yaml"],
+        [sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(workdir / "remote")],
+        ["git", "add", "presets/soak.yaml", ".dvc/config"],
         [
             "git",
             "-c",
@@ -323,7 +363,7 @@ def setup(workdir: Path, url: str, size_mb: int) -> tuple[Path, Path, bool]:
             "user.email=soak@localhost",
             "commit",
             "-qm",
-            "the soak preset",
+            "the soak preset and a DVC remote",
         ],
         ["git", "config", "user.name", "soak"],
         ["git", "config", "user.email", "soak@localhost"],
@@ -341,33 +381,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fault-rate", type=float, default=1 / 3)
     ap.add_argument("--pairs", type=int, default=4000, help="train pairs per snapshot")
+    ap.add_argument("--steps", type=int, default=40, help="training steps per cycle")
+    ap.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"the kinds to inject (default {','.join(FAULTS)})",
+    )
     ap.add_argument("--fs-mb", type=int, default=3000, help="size of the project's tmpfs")
     ap.add_argument("--cycle-timeout", type=float, default=1800.0)
     args = ap.parse_args(argv)
     if args.workdir.exists():
         sys.exit(f"error: {args.workdir} exists; give a new folder")
+    kinds = tuple(args.faults.split(","))
+    if unknown := set(kinds) - set(FAULTS):
+        sys.exit(f"error: unknown fault kinds {sorted(unknown)} (known: {', '.join(FAULTS)})")
     rng = random.Random(args.seed)
     (home := args.workdir / "prefect").mkdir(parents=True)
     server, env = start_server(home)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Corpus)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    project, fs, mounted = setup(args.workdir, url, args.fs_mb)
-    faults = FAULTS if mounted else tuple(f for f in FAULTS if f != "full")
+    project, fs, mounted = setup(args.workdir, url, args.fs_mb, args.steps)
+    faults = kinds if mounted else tuple(f for f in kinds if f != "full")
     os.environ.update({k: v for k, v in env.items() if k.startswith(("PREFECT_", "DVC_"))})
     params_before = (project / "params.yaml").read_bytes()
     ws = project / ".dvc/tmp/flows/workspace"
     sup = Supervisor(project, env, args.workdir)
     rows, champions = [], []
+    schedule = plan(args.cycles, faults, args.fault_rate, rng)
+    print("faults by cycle:", json.dumps(schedule), flush=True)
     try:
         sup.ready()
         for cycle in range(1, args.cycles + 1):
-            rows.append(one_cycle(cycle, args, rng, faults, sup, ws, fs, project))
+            rows.append(one_cycle(cycle, args, rng, schedule[cycle - 1], sup, ws, fs, project))
             champions.append(rows[-1]["champion_bleu"])
             print(json.dumps(rows[-1]), flush=True)
     finally:
         sup.stop()
         report = checks(rows, champions, project, ws, params_before, sup, mounted)
+        report["faults_planned"], report["fault_kinds"] = schedule, faults
+        drawn = {r["fault"] for r in rows}
+        report["checks"]["every fault kind drawn"] = set(faults) <= drawn
+        report["ok"] = all(report["checks"].values())
         (args.workdir / "soak.json").write_text(json.dumps(report, indent=1, default=str))
         print_table(report)
         httpd.shutdown()
@@ -378,21 +433,23 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0 if report["ok"] else 1)
 
 
-def one_cycle(cycle, args, rng, faults, sup, ws, fs, project) -> dict:
+def one_cycle(cycle, args, rng, fault, sup, ws, fs, project) -> dict:
     from prefect.deployments import run_deployment
 
     from flows import registry
 
     Corpus.files = snapshot(cycle, args.pairs)
-    fault = rng.choice(faults) if rng.random() < args.fault_rate else None
     log: list[str] = []
     t0, since = time.monotonic(), time.time()
     fr = run_deployment("retrain/retrain", timeout=0)
+    injector = threading.Thread(
+        target=inject, args=(fault, sup, ws, fs, rng, log, since), daemon=True
+    )
     if fault:
-        threading.Thread(
-            target=inject, args=(fault, sup, ws, fs, rng, log, since), daemon=True
-        ).start()
+        injector.start()
     final = wait_final(str(fr.id), args.cycle_timeout)
+    if fault:  # a fault outlasting its cycle (a disk still full) must not fail the next one
+        injector.join(timeout=args.cycle_timeout)
     champion = registry.champion(project)
     return {
         "cycle": cycle,
@@ -494,6 +551,16 @@ def print_table(report: dict) -> None:
         f"\n{len(done)} of {len(report['cycles'])} cycles Completed; serve started "
         f"{report['serve_starts']} times; corpus requests {report['corpus_requests']}"
     )
+    print("\n| fault | cycles | Completed | Failed | other | attempts |")
+    print("|---|---|---|---|---|---|")
+    for kind in (None, *report["fault_kinds"]):
+        got = [r for r in report["cycles"] if r["fault"] == kind]
+        states = [r["state"] for r in got]
+        other = len(states) - states.count("COMPLETED") - states.count("FAILED")
+        print(
+            f"| {kind or 'none'} | {len(got)} | {states.count('COMPLETED')} | "
+            f"{states.count('FAILED')} | {other} | {sorted({r['attempts'] for r in got})} |"
+        )
     for name, ok in report["checks"].items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")
 

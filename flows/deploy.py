@@ -49,7 +49,7 @@ def deploy(
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = recipe_args(argv, "python -m flows.deploy", __doc__)
+    args = recipe_args(argv, "python -m flows.deploy", __doc__, ROOT)
     for name in deploy(args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override):
         print(f"deployment {name} on work pool {args.pool}")
 

@@ -11,7 +11,9 @@ metrics; the recipe in the commit message), so `dvc exp show` in the checkout li
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from prefect.tasks import exponential_backoff
 from flows import lineage, workspace
 from flows.dag import Stage, read_dag
 from flows.shell import (
+    TRANSIENT,
     CommandError,
     apply_params,
     dvc,
@@ -35,6 +38,7 @@ from flows.shell import (
 )
 
 MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes
+RETRY_DELAYS_S = (2, 10, 30)  # before each retry of a failure that may pass
 
 
 def _retriable(task, task_run, state) -> bool:
@@ -45,10 +49,15 @@ def _retriable(task, task_run, state) -> bool:
 
 
 @task(
-    cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_retriable
+    cache_policy=NO_CACHE,
+    retries=len(RETRY_DELAYS_S),
+    retry_delay_seconds=list(RETRY_DELAYS_S),
+    retry_condition_fn=_retriable,
 )
 def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
+    t0 = time.monotonic()
+    stage_event("stage %s: started", stage)
     out = dvc(
         "repro",
         "--single-item",
@@ -58,7 +67,35 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
         what=f"stage {stage}",
     )
     text = "\n".join(out)
-    return "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
+    done = "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
+    stage_event("stage %s: %s (%.0f s)", stage, done, time.monotonic() - t0)
+    return done
+
+
+_parent: dict[str, str] = {}  # the flow run this one is a subflow of (retrain's), if any
+
+
+def stage_event(message: str, *args: Any) -> None:
+    """A stage's start or end, in this run's log and in its parent's: retrain's log shows the
+    stages of the pipeline it runs as a subflow, as the pipeline's own does."""
+    logger().info(message, *args)
+    if _parent:
+        from prefect.logging import get_logger
+
+        get_logger("prefect.flow_runs").info(message, *args, extra=_parent)
+
+
+def find_parent() -> dict[str, str]:
+    """The parent flow run's id and names, as a run logger's records carry them; {} if none."""
+    from prefect.client.orchestration import get_client
+
+    parent = flow_run.get_parent_flow_run_id()
+    if not parent:
+        return {}
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(parent)
+        name = client.read_flow(run.flow_id).name
+    return {"flow_run_id": str(run.id), "flow_run_name": run.name, "flow_name": name}
 
 
 def stage_task(stage: str, download_retries: int, retry_delay_s: float):
@@ -135,8 +172,17 @@ def _orphaned(run_id: str, parent: int) -> None:
 
 def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> tuple[Path, str]:
     """The run workspace at `rev` with the recipe applied; (its path, the commit)."""
-    ws, commit = workspace.prepare(root, rev)
-    apply_params(ws, preset, overrides)
+    for delay_s in (*RETRY_DELAYS_S, None):  # a full disk may pass, as for the stages
+        try:
+            ws, commit = workspace.prepare(root, rev)
+            apply_params(ws, preset, overrides)
+            break
+        except (CommandError, OSError, workspace.WorkspaceError) as e:
+            full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+            if delay_s is None or not (full or TRANSIENT.search(str(e))):
+                raise
+            logger().warning("%s; trying again in %d s", str(e).splitlines()[0], delay_s)
+            time.sleep(delay_s)
     logger().info(
         "run workspace %s at %s; preset %s, overrides %s", ws, commit[:9], preset, overrides
     )
@@ -213,6 +259,8 @@ def pipeline(
     overrides = list(overrides or [])
     with workspace_lock(root):
         start_attempt()
+        _parent.clear()
+        _parent.update(find_parent())
         ws, commit = prepare(root, rev, preset, overrides)
         return run_experiment(ws, commit, preset, overrides, download_retries, retry_delay_s)
 

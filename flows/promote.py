@@ -1,7 +1,8 @@
 """@flow promote: put a finished experiment through the BLEU promotion gate.
 
     python -m flows.promote EXPERIMENT               # a `dvc exp show` name, a commit, a tag
-    prefect deployment run 'promote/promote' -p experiment=EXPERIMENT
+                                                     # exit status 0 promoted, 3 refused
+    python -m flows.run promote/promote -p experiment=EXPERIMENT --wait
 
 Any experiment qualifies, one a flow ran or one run by hand (`dvc exp run`): its record is read
 from its commit (params, dvc.lock, metrics). The gate is the one scheduled retraining uses: the
@@ -30,6 +31,7 @@ from transformer.sections.retrain import RetrainConfig
 from transformer.settings import ConfigError, load
 
 COMPARABLE = ("split", "test_sha256", "bleu_signature")
+REFUSED = 3  # the command's exit status when the gate keeps the champion (1: an error)
 
 
 def gate(
@@ -80,6 +82,7 @@ def resolve_experiment(project: Path, experiment: str) -> str:
 
 def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]:
     """Gate the experiment at `commit` against the champion; promote it if it wins."""
+    registry.publish_pending(project)
     candidate = registry.record_at(project, commit)
     before = registry.champion(project)
     if before and before.get("experiment_commit") == commit:
@@ -108,8 +111,27 @@ def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]
         }
         summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by)
         out["version"] = registry.promote(project, commit, summary, reason)
+    verdict = f"promoted as {out['version']}" if promote else "refused"
+    out["decision_tag"] = registry.record_decision(
+        project, commit, f"{verdict}: {reason}", decision_details(out, by)
+    )
     logger().info("%s: %s", commit[:9], reason)
     return out
+
+
+def decision_details(out: dict[str, Any], by: str) -> dict[str, Any]:
+    """What a decision tag records besides its verdict: who, when, and the two experiments."""
+
+    def brief(r: dict[str, Any] | None) -> dict[str, Any] | None:
+        keys = ("experiment", "experiment_commit", "version", "bleu", "preset", "overrides")
+        return {k: r.get(k) for k in keys if k in r} if r else None
+
+    return {
+        "by": by,
+        "at": datetime.now(UTC).isoformat(),
+        "candidate": brief(out["candidate"]),
+        "champion_before": brief(out["champion_before"]),
+    }
 
 
 def report(out: dict[str, Any], title: str) -> str:
@@ -178,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         + ": "
         + out["reason"]
     )
+    sys.exit(0 if out["promoted"] else REFUSED)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ back from its commit (params, dvc.lock, metrics), never from a file someone must
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import yaml
 from flows.dag import read_dag
 from flows.lineage import Snapshot, lineage
 from flows.shell import logger
+from flows.workspace import git
 
 STAGE = "prod"
 
@@ -67,8 +70,23 @@ def record_at(project: Path, commit: str) -> dict[str, Any]:
             recipe = json.loads(line.removeprefix("recipe: "))
     baseline = snap.git("rev-parse", f"{commit}^") or commit
     return lineage(
-        snap, read_dag(project, rev=commit), baseline, experiment_commit=commit, **recipe
+        snap,
+        read_dag(project, rev=commit),
+        baseline,
+        experiment=experiment_name(project, commit),
+        experiment_commit=commit,
+        **recipe,
     )
+
+
+def experiment_name(project: Path, commit: str) -> str | None:
+    """The name of the experiment (a ref under refs/exps) saved at `commit`, if one is."""
+    refs = (
+        Snapshot(project)
+        .git("for-each-ref", "refs/exps", "--points-at", commit, "--format=%(refname)")
+        .split()
+    )
+    return refs[0].rsplit("/", 1)[1] if refs else None
 
 
 def champion(project: Path) -> dict[str, Any] | None:
@@ -115,25 +133,144 @@ def promote(project: Path, commit: str, summary: dict[str, Any], reason: str) ->
         ).version
     )
     assign(str(project), name, STAGE, version=version, message=f"Promoting {name}: {message}")
-    push(project, path, commit)
+    try:
+        push(project, path, commit)
+    except RegistryError as e:  # the version stands; its data follows with the next publish
+        logger().warning(
+            "%s is not published yet (%s): the next promotion, or `python -m flows.registry "
+            "publish`, publishes it",
+            version,
+            e,
+        )
     return version
 
 
-def push(project: Path, path: str, commit: str) -> bool:
-    """The artifact's data at `commit` to the project's default DVC remote as configured now
-    (an older commit may predate it); False, with a warning, where none is configured."""
+def default_remote(project: Path) -> tuple[str, dict[str, Any]] | None:
+    """(name, config) of the project's default DVC remote as configured now, or None."""
     from dvc.repo import Repo
 
     with Repo(str(project)) as repo:
         name = repo.config["core"].get("remote")
         conf = dict(repo.config["remote"].get(name) or {}) if name else {}
-    if not conf:
-        logger().warning(
-            "no default DVC remote: the champion is in this machine's DVC cache "
-            "only (`dvc remote add -d NAME URL`, committed, shares it)"
-        )
-        return False
-    with Repo(str(project), remote=name, remote_config=conf) as repo:
-        n = repo.push(targets=[path], revs=[commit], workspace=False, remote=name)
+    return (name, conf) if conf else None
+
+
+NO_REMOTE = (
+    "no default DVC remote: the champion is in this machine's DVC cache only. Add one "
+    "(`dvc remote add -d store URL`, then commit .dvc/config), then `python -m flows.registry "
+    "publish`"
+)
+
+
+def push(project: Path, path: str, commit: str, tries: int = 3, delay_s: float = 5.0) -> int | None:
+    """The artifact's data at `commit` to the project's default DVC remote as configured now
+    (an older commit may predate it), tried `tries` times (a remote may be down a while); the
+    number of files uploaded (0: all there already), or None, with a warning, without a remote.
+    """
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    remote = default_remote(project)
+    if remote is None:
+        logger().warning(NO_REMOTE)
+        return None
+    name, conf = remote
+    for attempt in range(1, tries + 1):
+        try:
+            with Repo(str(project), remote=name, remote_config=conf) as repo:
+                n = repo.push(targets=[path], revs=[commit], workspace=False, remote=name)
+            break
+        except (DvcException, OSError) as e:  # DVC's errors; the file system's (a local remote)
+            if attempt == tries:
+                raise RegistryError(f"pushing {path} of {commit[:9]} to {name!r}: {e}") from e
+            logger().warning("pushing to %r failed (%s); trying again", name, e)
+            time.sleep(delay_s * attempt)
     logger().info("pushed %s of %s to the DVC remote %r (%d new files)", path, commit[:9], name, n)
-    return True
+    return n
+
+
+def publish(project: Path) -> dict[str, int]:
+    """Every registered version's data to the default DVC remote (what a promotion without a
+    remote, or with the remote down, left behind); {version: files uploaded}."""
+    if default_remote(project) is None:
+        raise RegistryError(NO_REMOTE)
+    _, path = artifact(project)
+    return {v: push(project, path, c) or 0 for c, v in versions(project).items()}
+
+
+def publish_pending(project: Path) -> None:
+    """publish(), where a remote is configured, as each promotion decision does first: a version
+    whose push failed (the remote down) is published by the next decision."""
+    if default_remote(project) is None:
+        return
+    try:
+        publish(project)
+    except RegistryError as e:
+        logger().warning("%s; the next promotion decision tries again", e)
+
+
+DECISIONS = "decision/{name}/"  # the tag prefix of every promotion decision of artifact `name`
+
+
+def record_decision(project: Path, commit: str, verdict: str, details: dict[str, Any]) -> str:
+    """An annotated tag `decision/NAME/NNNN` on the candidate's commit: the verdict on its first
+    line, `details` (JSON) below. GTO's tags record promotions only; these record refusals too,
+    so `git tag -n` tells the registry's whole history. The tag's name."""
+    name, _ = artifact(project)
+    prefix = DECISIONS.format(name=name)
+    n = len(Snapshot(project).git("tag", "--list", prefix + "*").split()) + 1
+    tag = f"{prefix}{n:04d}"
+    body = json.dumps(details, default=str, sort_keys=True, indent=1)
+    git("tag", "-a", tag, commit, "-m", f"{name}: {verdict}\n\n{body}", cwd=project)
+    return tag
+
+
+def decisions(project: Path) -> dict[str, list[str]]:
+    """{candidate commit: [verdict, ...]} from the decision tags, oldest first."""
+    name, _ = artifact(project)
+    out: dict[str, list[str]] = {}
+    listing = Snapshot(project).git(
+        "for-each-ref",
+        "--sort=refname",
+        "--format=%(*objectname) %(contents:subject)",
+        "refs/tags/" + DECISIONS.format(name=name),
+    )
+    for line in listing.splitlines():
+        commit, _, subject = line.partition(" ")
+        out.setdefault(commit, []).append(subject.removeprefix(f"{name}: "))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.registry",
+        description="publish: push every registered version's package that the default DVC "
+        "remote lacks (a promotion made without a remote, or while it was down).",
+    )
+    parser.add_argument("command", choices=["publish"])
+    parser.add_argument("--project", type=Path, default=Path("."), help="default: .")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        done = publish(args.project)
+    except RegistryError as e:
+        sys.exit(f"error: {e}")
+    name, _ = artifact(args.project)
+    remote = default_remote(args.project)[0]  # publish() checked there is one
+    for commit, version in versions(args.project).items():
+        n = done[version]
+        print(f"{version}: {'published' if n else 'on the remote already'} ({n} files uploaded)")
+        if remote not in (Snapshot(args.project, commit).text(".dvc/config") or ""):
+            print(
+                f"  its commit predates the remote: `dvc artifacts get . {name} --rev {version} "
+                f"--remote {remote}` fetches it (so does --stage {STAGE} while it is the champion)"
+            )
+    if not done:
+        print("no registered version yet")
+
+
+if __name__ == "__main__":
+    main()

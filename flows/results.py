@@ -1,12 +1,14 @@
-"""The experiments in a table a terminal can show: name, preset, BLEU, chrF, steps, training time.
+"""Every experiment in one table, whatever the checkout's HEAD: recipe, BLEU, steps, training
+time, the champion (`*`) and each promotion decision with its reason.
 
-`dvc exp show` prints every param and metric, some 240 columns that a terminal cuts to "…".
-This reads its JSON (the workspace, HEAD and HEAD's experiments; --all-commits for every
-commit's) and keeps what compares runs: the scores from the evaluate stage's metrics, the steps
-and seconds from the train stage's (the files dvc.yaml names), and the preset from the header
-`python -m transformer.config preset NAME` writes atop params.yaml.
+    python -m flows.results [PROJECT]     # or: make results
 
-    python -m flows.results [PROJECT] [--all-commits]     # or: make results
+The experiments are the refs DVC saved them as (refs/exps: one per flow run, and any `dvc exp
+run` by hand), so a new commit hides none of them, as `dvc exp show` on HEAD would. Each row's
+scores, steps and seconds come from the metrics files dvc.yaml names (the evaluate and train
+stages'), read by `dvc exp show --json` for the commits the experiments branched from; the
+recipe from the experiment's commit message (flow runs write it there) or params.yaml's preset
+header; the champion and the decisions from the registry's git tags (flows/registry.py).
 """
 
 from __future__ import annotations
@@ -19,44 +21,60 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flows import registry
 from flows.dag import Stage, read_dag
-from flows.lineage import EVALUATE, FIELDS, flatten, pick
+from flows.lineage import EVALUATE, FIELDS, Snapshot, flatten, pick
 
 TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
-COLUMNS = ("experiment", "preset", "BLEU", "chrF", "steps", "time")
+COLUMNS = ("", "experiment", "version", "recipe", "BLEU", "steps", "time", "decision")
+NUMERIC = {"BLEU", "steps", "time"}
 
 
-def exp_show(project: Path, all_commits: bool = False) -> list[dict[str, Any]]:
-    """`dvc exp show --json`: the workspace and commits, each with its experiments."""
-    cmd = [sys.executable, "-m", "dvc", "exp", "show", "--json"]
-    r = subprocess.run(
-        cmd + (["--all-commits"] if all_commits else []),
-        cwd=project,
-        capture_output=True,
-        text=True,
-        check=False,
+def experiments(project: Path) -> list[dict[str, str]]:
+    """Every saved experiment, oldest first: its name, commit and baseline commit."""
+    listing = Snapshot(project).git(
+        "for-each-ref",
+        "refs/exps",
+        "--sort=committerdate",
+        "--format=%(objectname) %(refname)",
     )
+    out = []
+    for line in listing.splitlines():
+        commit, ref = line.split()
+        parts = ref.split("/")  # refs/exps/ab/cdef.../name: the baseline's sha, split after 2
+        if len(parts) >= 5 and parts[2] != "celery":
+            out.append({"commit": commit, "name": parts[-1], "baseline": parts[2] + parts[3]})
+    return out
+
+
+def exp_show(project: Path, baselines: list[str]) -> dict[str, dict[str, Any]]:
+    """{experiment commit: its `dvc exp show --json` entry} for the experiments of `baselines`."""
+    if not baselines:
+        return {}
+    cmd = [sys.executable, "-m", "dvc", "exp", "show", "--json"]
+    cmd += [a for b in sorted(set(baselines)) for a in ("--rev", b)]
+    r = subprocess.run(cmd, cwd=project, capture_output=True, text=True, check=False)
     if r.returncode:
         raise SystemExit(f"error: `dvc exp show` in {project} failed:\n{r.stderr.strip()}")
-    return json.loads(r.stdout or "[]")
+    return {
+        e["rev"]: e
+        for base in json.loads(r.stdout or "[]")
+        for group in base.get("experiments") or []
+        for e in group.get("revs") or []
+    }
 
 
-def preset(project: Path, rev: str) -> str | None:
-    """The preset named in params.yaml's header at `rev` (the file on disk for the workspace)."""
-    if rev == "workspace":
-        path = project / "params.yaml"
-        text = path.read_text() if path.exists() else ""
-    else:
-        text = subprocess.run(
-            ["git", "show", f"{rev}:params.yaml"],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-    found = PRESET.match(text)
-    return found.group(1) if found else None
+def recipe(project: Path, commit: str) -> str:
+    """The preset and overrides a flow run recorded in the commit message, else the preset
+    named in params.yaml's header; "-" where neither says."""
+    snap = Snapshot(project, commit)
+    for line in snap.git("log", "-1", "--format=%B", commit).splitlines():
+        if line.startswith("recipe: "):
+            found = json.loads(line.removeprefix("recipe: "))
+            return " ".join([found.get("preset") or "-", *(found.get("overrides") or [])])
+    header = PRESET.match(snap.text("params.yaml") or "")
+    return header.group(1) if header else "-"
 
 
 def metrics(entry: dict[str, Any], stage: Stage | None) -> dict[str, Any]:
@@ -79,30 +97,30 @@ def number(x: Any) -> str | None:
     return f"{x:.2f}" if isinstance(x, int | float) else None
 
 
-def row(project: Path, dag: dict[str, Stage], entry: dict[str, Any], name: str) -> list[str]:
-    scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
-    cells = [
-        name,
-        preset(project, entry["rev"]),
-        number(pick(scores, FIELDS["bleu"][1])),
-        number(pick(scores, FIELDS["chrf"][1])),
-        pick(trained, ("step",)),
-        duration(pick(trained, ("train/seconds",))),
-    ]
-    return ["-" if c is None else str(c) for c in cells]
-
-
-def rows(project: Path, exps: list[dict[str, Any]]) -> list[list[str]]:
-    """One row per commit (the workspace, a branch or a commit) and, indented, its experiments."""
+def rows(project: Path) -> list[list[str]]:
+    """One row per experiment, oldest first."""
+    project = Path(project)
+    exps = experiments(project)
+    shown = exp_show(project, [e["baseline"] for e in exps])
     dag = read_dag(project)
+    champion = registry.champion_commit(project) if exps else None
+    versions = registry.versions(project) if exps else {}
+    decided = registry.decisions(project) if exps else {}
     out = []
-    for base in exps:
-        rev = base["rev"]
-        label = "workspace" if rev == "workspace" else f"{base.get('name') or ''} ({rev[:7]})"
-        out.append(row(project, dag, base, label.strip()))
-        for group in base.get("experiments") or []:
-            for entry in group.get("revs") or []:
-                out.append(row(project, dag, entry, "  " + (entry.get("name") or entry["rev"][:7])))
+    for e in exps:
+        entry = shown.get(e["commit"], {})
+        scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
+        cells = [
+            "*" if e["commit"] == champion else "",
+            e["name"],
+            versions.get(e["commit"]),
+            recipe(project, e["commit"]),
+            number(pick(scores, FIELDS["bleu"][1])),
+            pick(trained, ("step",)),
+            duration(pick(trained, ("train/seconds",))),
+            "; ".join(decided.get(e["commit"], [])),
+        ]
+        out.append(["-" if c is None else str(c) for c in cells])
     return out
 
 
@@ -112,7 +130,8 @@ def table(rows: list[list[str]]) -> str:
     width = [max(len(r[i]) for r in lines) for i in range(len(COLUMNS))]
     return "\n".join(
         "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))
+            c.rjust(w) if COLUMNS[i] in NUMERIC else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, width))
         ).rstrip()
         for r in lines
     )
@@ -127,13 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "project", nargs="?", type=Path, default=Path("."), help="the DVC project (default: here)"
     )
-    parser.add_argument(
-        "--all-commits",
-        action="store_true",
-        help="the experiments of every commit, not only HEAD's",
-    )
     args = parser.parse_args(argv)
-    print(table(rows(args.project, exp_show(args.project, args.all_commits))))
+    found = rows(args.project)
+    print(table(found) if found else "no experiments yet (refs/exps is empty)")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 
-from flows import automations
+from flows import automations, registry
 from flows.pipeline import pipeline
 from flows.promote import promote
 from flows.retrain import retrain
@@ -79,6 +80,12 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
         help="the preset the scheduled retrain trains (default: demo)",
     )
     parser.add_argument(
+        "--local-only",
+        action="store_true",
+        help="serve retrain and promote without a default DVC remote: the champion stays in "
+        "this machine's DVC cache until `python -m flows.registry publish`",
+    )
+    parser.add_argument(
         "--retrain-override",
         action="append",
         default=[],
@@ -87,9 +94,12 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def recipe_args(argv: list[str] | None, prog: str, doc: str) -> argparse.Namespace:
+def recipe_args(
+    argv: list[str] | None, prog: str, doc: str, project: Path = Path(".")
+) -> argparse.Namespace:
     """The command line of `prog` (serve or deploy): its flags, the recipe's overrides checked
-    against params.yaml's schema (a typo fails here, not at 03:00 on Monday)."""
+    against params.yaml's schema (a typo fails here, not at 03:00 on Monday), and a default DVC
+    remote required unless --local-only (a champion no other clone can fetch is a surprise)."""
     from flows.shell import check_override
     from transformer.config import ConfigError
 
@@ -105,6 +115,12 @@ def recipe_args(argv: list[str] | None, prog: str, doc: str) -> argparse.Namespa
             check_override(override)
         except ConfigError as e:
             parser.error(str(e))
+    if not args.local_only and registry.default_remote(project) is None:
+        parser.error(
+            f"{project.resolve()} has no default DVC remote, so promotions would stay on this "
+            "machine. Add one and commit it (`dvc remote add -d store URL && git commit "
+            ".dvc/config -m 'DVC remote'`), or pass --local-only"
+        )
     return args
 
 

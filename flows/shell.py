@@ -2,15 +2,17 @@
 
 Each command runs in a process group of its own, killed when the flow stops waiting for it
 (an exception, Ctrl-C, a cancelled run). Its output reaches the Prefect logs line by line,
-except progress-bar refreshes (lines ended by a carriage return), of which at most one per
-PROGRESS_EVERY_S seconds is logged, and DVC's git advice, which does not apply to a workspace
-the flows own: a 100k-step training run then writes hundreds of lines, not 100k.
+except progress-bar refreshes (lines ended by a carriage return, or a bar a later line was
+printed after), of which at most one per PROGRESS_EVERY_S seconds is logged, blank lines, and
+DVC's git advice, which does not apply to a workspace the flows own; an indented JSON object
+(metrics) is one line: a 100k-step training run then writes hundreds of lines, not 100k.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
@@ -25,8 +27,10 @@ from pathlib import Path
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 # causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
 TRANSIENT = re.compile(
-    r"No space left on device|Errno 28|Connection (reset|refused|aborted)|"
-    r"timed out|Temporary failure"
+    r"No space left on device|Errno 28|Out of diskspace|Connection (reset|refused|aborted)|"
+    r"timed out|Temporary failure|"
+    # the stage's own process killed (DVC: "exited with -9"; torchrun: "exitcode : -9")
+    r"exited with -(9|15)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
 )
 CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^\w*(Error|Exception): ")
 WRAPPER = re.compile(r"^ERROR: failed to reproduce ")  # DVC's summary of the stage's own error
@@ -41,7 +45,7 @@ _orphaned = threading.Event()  # set by the orphan watch: the flow run is ending
 
 class CommandError(RuntimeError):
     """A command exited non-zero. The message's first line names the cause: the last error line
-    of its output (what `prefect deployment run --watch` shows as the run's state message)."""
+    of its output (the run's state message, what `python -m flows.run --wait` prints)."""
 
     def __init__(self, what: str, cmd: list[str], code: int, tail: list[str]):
         self.lock_busy = any(m in line for line in tail for m in LOCK_BUSY)
@@ -88,6 +92,62 @@ def segments(stream) -> Iterator[tuple[str, bool]]:
         yield buf.rstrip(b"\r").decode(errors="replace"), False
 
 
+# a progress bar's refresh (tqdm: "| 100/600 [00:27<02:15, ...]") with a line printed after it
+# on the same terminal line, as a stage's print() lands after its bar's last refresh
+GLUED = re.compile(r"^(?P<bar>.*?\d+(?:/\d+)?\s?\w* \[\d+:\d\d[^\]]*\])(?P<rest>\S.*)$")
+JSON_LINES = 2000  # the longest indented JSON block joined into one log line
+NUMBERS = re.compile(r"\d+(?:\.\d+)?")  # what differs between repeats of one message
+
+
+class Output:
+    """What of a command's output reaches the log: its lines, except blank ones and DVC's git
+    advice; progress-bar refreshes, and repeats of one message (numbers aside: a warning each
+    log step), at most one per `every_s`; an indented JSON object (the stages print their
+    metrics so) as one line."""
+
+    def __init__(self, log, every_s: float):
+        self.log, self.every_s = log, every_s
+        self.shown = -float("inf")
+        self.block: list[str] = []  # an indented JSON object's lines so far
+        self.seen: dict[str, float] = {}  # message, numbers masked -> when last logged
+
+    def progress(self, text: str) -> None:
+        if text.strip() and time.monotonic() - self.shown >= self.every_s:
+            self.shown = time.monotonic()
+            self.log.info("%s", text.strip())
+
+    def line(self, text: str) -> None:
+        if self.block or text == "{":
+            self.block.append(text)
+            if text == "}" or len(self.block) > JSON_LINES:
+                self.flush()
+            return
+        if glued := GLUED.match(text):
+            self.progress(glued["bar"])
+            text = glued["rest"]
+        if text.strip() and not ADVICE.search(text) and not self.repeated(text):
+            self.log.info("%s", text)
+
+    def repeated(self, text: str) -> bool:
+        """Whether the message, numbers aside, was logged less than `every_s` ago."""
+        key, now = NUMBERS.sub("#", text), time.monotonic()
+        if now - self.seen.get(key, -float("inf")) < self.every_s:
+            return True
+        if len(self.seen) > 10_000:  # a long run's many distinct lines: forget the old
+            self.seen.clear()
+        self.seen[key] = now
+        return False
+
+    def flush(self) -> None:
+        block, self.block = self.block, []
+        try:
+            self.log.info("%s", json.dumps(json.loads("\n".join(block)), ensure_ascii=False))
+        except ValueError:  # not JSON after all: as it came
+            for text in block:
+                if text.strip():
+                    self.log.info("%s", text)
+
+
 def run(
     cmd: list[str], cwd: Path, what: str = "", progress_every_s: float = PROGRESS_EVERY_S
 ) -> list[str]:
@@ -96,7 +156,7 @@ def run(
     log.info("$ %s", " ".join(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
     lines: list[str] = []
-    shown = -float("inf")
+    out = Output(log, progress_every_s)
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -109,13 +169,12 @@ def run(
     try:
         for text, progress in segments(proc.stdout):
             if progress:
-                if time.monotonic() - shown >= progress_every_s and text.strip():
-                    shown = time.monotonic()
-                    log.info("%s", text.strip())
+                out.progress(text)
                 continue
             lines.append(text)
-            if not ADVICE.search(text):
-                log.info("%s", text)
+            out.line(text)
+        if out.block:
+            out.flush()
         proc.wait()
     finally:
         stop_group(proc)

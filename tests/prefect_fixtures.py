@@ -309,7 +309,17 @@ def deployment_run(
     """`prefect deployment run NAME [--watch] ARGS` as a user types it."""
     cmd = [str(BIN / "prefect"), "deployment", "run", name, *(["--watch"] if watch else []), *args]
     return subprocess.run(
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800, check=False
+    )
+
+
+def flows_run(
+    env: dict[str, str], name: str, *args: str, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """`python -m flows.run NAME ARGS --wait`, as a script or cron job runs it."""
+    cmd = [sys.executable, "-m", "flows.run", name, *args, "--wait"]
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800, check=False
     )
 
 
@@ -375,11 +385,12 @@ def wait_until(what: str, check, timeout: float = 600.0):
     raise AssertionError(f"gave up waiting for {what}")
 
 
-def fetch_champion(project: Path, tmp_path: Path) -> Path:
+def fetch_champion(project: Path, tmp_path: Path, *args: str) -> Path:
     """A fresh clone of `project` and, in it, `dvc artifacts get . transformer --stage prod -o
-    champion`, as the README says; the clone."""
+    champion ARGS`, as the README says; the clone."""
     fresh = tmp_path / "fresh"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
-    dvc = (sys.executable, "-m", "dvc")
-    sh(*dvc, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "champion", cwd=fresh)
+    get = (*DVC, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "champion")
+    sh(*get, *args, cwd=fresh)
     return fresh

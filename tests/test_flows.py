@@ -17,12 +17,15 @@ import pytest
 from prefect import flow
 from prefect_fixtures import (
     DVC,
+    ROOT,
     artifact,
     client,
     copy_toy,
     deployment_run,
     dvc_json,
     fetch_champion,
+    flows_run,
+    git_init,
     make_toy,
     run_id,
     run_logs,
@@ -35,7 +38,7 @@ from flows.dag import Stage, generations, locked_outs, read_dag
 from flows.lineage import Snapshot, lineage
 from flows.pipeline import MAX_ATTEMPTS, start_attempt
 from flows.promote import gate
-from flows.shell import CommandError, apply_params, run
+from flows.shell import CommandError, apply_params, dvc, run
 from flows.workspace import WORKSPACE, prepare, reap, release_dead_locks
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
@@ -206,14 +209,23 @@ def test_overrides_are_applied_and_a_typo_changes_nothing(tmp_path) -> None:
 
 
 def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> None:
-    """Progress-bar refreshes (lines ended by \\r) are rate-limited; DVC's git advice dropped;
-    a failure names its last error line first."""
+    """Progress-bar refreshes (lines ended by \\r, or a bar a line was printed after) and
+    repeats of a message are rate-limited; DVC's git advice and blank lines dropped; indented JSON logged as one line; a
+    failure names its last error line first."""
     script = (
-        "import sys, time\n"
+        "import json, sys, time\n"
         "print('real line 1', flush=True)\n"
         "for i in range(3000):\n"
         "    sys.stderr.write(f'\\r{i}/3000 [bar]'); sys.stderr.flush(); time.sleep(0.0005)\n"
         "sys.stderr.write('\\r3000/3000 [bar]\\n')\n"
+        "sys.stderr.write('\\r 50%|#####     | 50/100 [00:01<00:01, 9.10step/s, loss=2.1]')\n"
+        "sys.stderr.flush()\n"
+        "print('step 50: saved data/checkpoints/step_00000050.pt')\n"
+        "print('warning: other processes used 1.6 of 2 cores')\n"
+        "print('warning: other processes used 1.2 of 2 cores')\n"
+        "print()\n"
+        "print('  ')\n"
+        "print(json.dumps({'bleu': 1.5, 'signatures': {'bleu': 'nrefs:1'}}, indent=2))\n"
         "print('To track the changes with git, run:')\n"
         "print('\\tgit add dvc.lock')\n"
         "print('error: data/x.bin: not a shard (bad magic)')\n"
@@ -227,9 +239,42 @@ def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> Non
     logged = [r.getMessage() for r in caplog.records if r.name == "flows"][1:]  # after "$ cmd"
     assert "real line 1" in logged and "3000/3000 [bar]" in logged  # the bar's final state
     assert len([m for m in logged if "[bar]" in m]) == 2  # the first refresh and the last line
+    # a line printed after a bar's refresh is a line of its own; the refresh is rate-limited
+    assert "step 50: saved data/checkpoints/step_00000050.pt" in logged
+    assert not any("50/100" in m for m in logged)
+    assert len([m for m in logged if m.startswith("warning: other")]) == 1  # repeats: 1 a minute
+    assert '{"bleu": 1.5, "signatures": {"bleu": "nrefs:1"}}' in logged  # metrics: one line
+    assert not any(m.strip() in ("", "{", "}") for m in logged)  # no blank lines
     assert not any("git add" in m or "To track" in m for m in logged)
     assert str(e.value).startswith("stage shard failed: error: data/x.bin: not a shard")
     assert not e.value.transient and not e.value.lock_busy
+
+
+def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path) -> None:
+    """An OOM kill or `kill -9` of a stage's own process: real DVC reports it (`exited with
+    -9`), and the flows retry the stage (the soak's stage-process fault)."""
+    git_init(tmp_path)
+    sh(*DVC, "init", "-q", cwd=tmp_path)
+    kill = "python -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'"
+    (tmp_path / "dvc.yaml").write_text(f"stages:\n  oom:\n    cmd: {kill}\n    outs: [x]\n")
+    with pytest.raises(CommandError) as e:
+        dvc("repro", cwd=tmp_path, what="stage oom")
+    assert e.value.transient, str(e.value)
+
+
+def test_serving_without_a_remote_needs_local_only(tmp_path, capsys) -> None:
+    """No default DVC remote: `flows.serve` refuses to start, naming the fix, unless told
+    --local-only; with a remote it starts."""
+    from flows.serve import recipe_args
+
+    git_init(tmp_path)
+    sh(*DVC, "init", "-q", cwd=tmp_path)
+    with pytest.raises(SystemExit) as e:
+        recipe_args([], "python -m flows.serve", "", tmp_path)
+    assert e.value.code == 2 and "dvc remote add -d store URL" in capsys.readouterr().err
+    assert recipe_args(["--local-only"], "python -m flows.serve", "", tmp_path).local_only
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=tmp_path)
+    assert not recipe_args([], "python -m flows.serve", "", tmp_path).local_only
 
 
 def test_reap_ends_what_a_crashed_attempt_left_in_the_workspace(tmp_path) -> None:
@@ -423,8 +468,9 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
 
     toy = project.path
     hold, started, runlog = controls["TOY_HOLD"], controls["TOY_STARTED"], controls["TOY_RUNLOG"]
-    r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=100"]')
-    assert r.returncode == 0 and flow_run(run_id(r.stdout)).state.is_completed()
+    r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=100"]')
+    assert r.returncode == 0 and flow_run(run_id(r.stdout)).state.is_completed(), r.stdout
+    assert "stage train: Completed" in r.stdout and "ended Completed" in r.stdout
     untouched(project)
     started.unlink(missing_ok=True)
     hold.touch()  # the first retrain's train stage waits until the test removes this file
@@ -452,6 +498,7 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
     # the retrain trained the demo recipe (600 steps: BLEU 60 in the toy), not the override's
     decision = artifact(str(first.id), "retrain-decision")
     assert "promoted as v1.0.0" in decision and "no champion yet" in decision
+    assert "| candidate | pipeline-" in decision  # the experiment, by name
     assert tags(toy) == ["transformer#prod#1", "transformer@v1.0.0"]
     from flows import registry
 
@@ -459,6 +506,8 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
     assert champion["bleu"] == 60.0 and champion["version"] == "v1.0.0"
     assert champion["preset"] == "demo" and champion["overrides"] == []
     assert "nothing retrained" in artifact(second, "retrain-decision")
+    assert "stage train: ran" in logs(str(first.id))  # retrain's log shows the stages it ran
+    assert "Logging error" not in project.serve.log_path.read_text()
     assert runlog.read_text().split().count("train") >= 2
     untouched(project)
 
@@ -506,22 +555,24 @@ def test_retrain_considers_code_and_recipe_changes_and_runs_queue(
 def test_a_failed_run_names_its_cause_and_changes_nothing(
     project, prefect_server: dict, controls: dict
 ) -> None:
-    r = deployment_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
+    """`python -m flows.run ... --wait` exits 1 and prints the cause (and the stage)."""
+    r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
+    assert r.returncode == 1 and "unknown key train.max_step" in r.stdout, r.stdout
     state = flow_run(run_id(r.stdout)).state
     assert state.is_failed() and "unknown key train.max_step" in state.message
     untouched(project)
     controls["TOY_FAIL_TRAIN"].touch()
     try:
-        r = deployment_run(
-            prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=70"]'
-        )
+        r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=70"]')
     finally:
         controls["TOY_FAIL_TRAIN"].unlink()
     state = flow_run(run_id(r.stdout)).state
     assert state.is_failed(), state
-    assert (
-        "stage train failed: error: data/shards/train.bin: not a shard (simulated corruption)"
-    ) in state.message
+    cause = "stage train failed: error: data/shards/train.bin: not a shard (simulated corruption)"
+    assert cause in state.message
+    last = r.stdout.splitlines()[-1]
+    assert r.returncode == 1 and "ended Failed" in last and "in stage train: " in last, r.stdout
+    assert cause in last
     untouched(project)
 
 
@@ -547,8 +598,16 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
         )
     out = sh(sys.executable, "-m", "flows.promote", "by-hand-better", cwd=toy, env=cli)
     assert "promoted as v2.0.0: candidate BLEU 90.00 beats champion 60.00" in out
-    out = sh(sys.executable, "-m", "flows.promote", "by-hand-worse", cwd=toy, env=cli)
-    assert "not promoted: candidate BLEU 30.00 does not beat champion 90.00" in out
+    worse = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "by-hand-worse"],
+        cwd=toy,
+        env=cli,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert worse.returncode == 3, worse.stdout + worse.stderr  # refused: a script can tell
+    assert "not promoted: candidate BLEU 30.00 does not beat champion 90.00" in worse.stdout
     assert tags(toy)[-1] == "transformer@v2.0.0" and "transformer#prod#2" in tags(toy)
     from flows import registry
 
@@ -556,6 +615,12 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
     refused = latest_run("promote")
     decision = artifact(str(refused.id), "promotion-decision")
     assert "champion kept" in decision and "does not beat champion 90.00" in decision
+    assert "| candidate | by-hand-worse |" in decision  # the experiments, by name
+    assert "| champion before | by-hand-better |" in decision
+    # git alone tells the history: one annotated tag per decision, refusals included
+    assert "refused: candidate BLEU 30.00 does not beat champion 90.00" in sh(
+        "git", "tag", "-n1", "--list", "decision/*", cwd=toy
+    )
 
 
 @pytest.mark.slow
@@ -586,13 +651,26 @@ def test_killed_serve_process_then_the_run_resumes(
     hold, started = controls["TOY_HOLD"], controls["TOY_STARTED"]
     started.unlink(missing_ok=True)
     hold.touch()
-    r = deployment_run(
-        prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=30"]', watch=False
+    waiter = subprocess.Popen(  # what a script waits on, across the crash and the retry
+        [
+            sys.executable,
+            "-m",
+            "flows.run",
+            "pipeline/demo",
+            "-p",
+            'overrides=["train.max_steps=30"]',
+        ]
+        + ["--wait"],
+        cwd=ROOT,
+        env=prefect_server,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    run = run_id(r.stdout)
     wait_until("train to start", started.exists)
     project.serve.send_signal(signal.SIGKILL)
     project.serve.wait()
+    run = latest_run("pipeline").id
     rescheduled = wait_until(
         "the crashed run to be rescheduled", lambda: flow_run(run).state.name == "AwaitingRetry"
     )
@@ -603,7 +681,11 @@ def test_killed_serve_process_then_the_run_resumes(
     hold.unlink()
     with served(toy, prefect_server, **env):
         final = finished(run)
+        printed = waiter.communicate(timeout=600)[0]
     assert final.state.is_completed(), final.state
+    assert waiter.returncode == 0, printed
+    assert f"UUID: {run}" in printed and "Crashed: the process serving" in printed, printed
+    assert "ended Completed after 2 attempt(s)" in printed
     text = logs(run)
     assert "attempt 2 of 3; the last one crashed: the process serving" in text
     assert "toy train: resuming from data/checkpoints/step_00000001.pt" in text
@@ -625,3 +707,63 @@ def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
     assert record["data_hash"] == "data/raw=a1.dir"
     assert record["shards_hash"] == "data/shards=b2.dir"  # the metrics file is not an output
     assert lineage(Snapshot(tmp_path), {"download": dag["download"]}, "HEAD")["shards_hash"] is None
+
+
+def test_promoted_without_a_remote_then_published(
+    toy: Path, prefect_server: dict, tmp_path: Path
+) -> None:
+    """A champion promoted before the project had a DVC remote: no other clone can fetch it,
+    until a remote is added and `python -m flows.registry publish` pushes it."""
+    env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
+    sh(*DVC, "exp", "run", "-n", "before-remote", "-S", "train.max_steps=30", cwd=toy, env=env)
+    promoted = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "before-remote"],
+        cwd=toy,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    assert "promoted as v1.0.0: no champion yet" in promoted.stdout
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=toy)
+    sh("git", "commit", "-qm", "a DVC remote", ".dvc/config", cwd=toy)
+    with pytest.raises(AssertionError, match="No such file or directory"):  # not on the remote
+        fetch_champion(toy, tmp_path / "before", "--remote", "store")
+    out = sh(sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env)
+    assert "v1.0.0: published" in out and "--remote store" in out, out
+    assert "v1.0.0: on the remote already" in sh(
+        sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
+    )
+    # the version's commit predates the remote, hence `--remote store` (as publish says)
+    fresh = fetch_champion(toy, tmp_path / "after", "--remote", "store")
+    assert (fresh / "champion/model.pt").read_text().startswith("30 ")
+
+
+def test_the_next_decision_publishes_what_a_down_remote_missed(
+    toy: Path, prefect_server: dict, tmp_path: Path
+) -> None:
+    """The remote is unreachable when a version is promoted: the version stands, its push is
+    tried again by the next promotion decision, and then any clone fetches it."""
+    env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
+    (tmp_path / "down").write_text("a file where the remote's folder should be\n")
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "down" / "remote"), cwd=toy)
+    sh("git", "commit", "-qm", "a DVC remote", ".dvc/config", cwd=toy)
+    sh(*DVC, "exp", "run", "-n", "while-down", "-S", "train.max_steps=40", cwd=toy, env=env)
+
+    def promote() -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "flows.promote", "while-down"]
+        return subprocess.run(cmd, cwd=toy, env=env, capture_output=True, text=True, check=False)
+
+    first = promote()
+    assert first.returncode == 0 and "promoted as v1.0.0" in first.stdout, first.stderr
+    assert "v1.0.0 is not published yet" in first.stdout + first.stderr
+    sh(*DVC, "remote", "modify", "store", "url", str(tmp_path / "remote"), cwd=toy)
+    sh("git", "commit", "-qm", "the remote's new home", ".dvc/config", cwd=toy)
+    again = promote()  # the gate refuses (the champion already); its publishing catches up
+    assert again.returncode == 3 and "the champion already" in again.stdout, again.stderr
+    assert "v1.0.0: on the remote already" in sh(
+        sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
+    )
+    fresh = fetch_champion(toy, tmp_path)  # the tagged commit names the remote: no --remote
+    assert (fresh / "champion/model.pt").read_text().startswith("40 ")

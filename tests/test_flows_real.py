@@ -5,6 +5,7 @@ in a fresh clone and translating."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +84,11 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         table = {row["field"]: row["value"] for row in artifact(first, "lineage")}
         assert "missing" not in table, table  # every lineage key found in the real metrics
         assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
-        assert len(run_logs(first)) <= 150  # progress bars reach the log at a bounded rate
+        logged = run_logs(first)
+        assert len(logged) <= 150  # progress bars reach the log at a bounded rate
+        # no blank lines; the stages' indented metrics JSON arrives as one line each
+        assert not [m for m in logged if m.strip() in ("", "{", "}")]
+        assert any(m.startswith('{"train": {"pairs_in"') for m in logged)
         # the experiment commit holds the metrics, never the (uncached) checkpoints
         exp_commit = table["experiment_commit"]
         committed = sh("git", "ls-tree", "-r", "--name-only", exp_commit, cwd=project).split()
@@ -147,6 +152,10 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     exp = record["experiment"]
     out = sh(sys.executable, "-m", "flows.promote", exp, cwd=project, env=prefect_server)
     assert "promoted as v1.0.0: no champion yet" in out
+    # the remote loses it (emptied, or a new one): `flows.registry publish` pushes it again
+    shutil.rmtree(tmp_path / "remote")
+    out = sh(sys.executable, "-m", "flows.registry", "publish", cwd=project, env=prefect_server)
+    assert "v1.0.0: published" in out, out
     # another machine: a fresh clone fetches the champion and translates with it
     fresh = fetch_champion(project, tmp_path)
     src = "Lena bought 28 apples.\n\nThe meeting is at 3:35 PM.\n"

@@ -1,4 +1,4 @@
-"""`make results`: experiments of a real git + DVC project, one readable line each."""
+"""`make results`: the experiments of a real git + DVC project, one readable line each."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ if sys.argv[1] == "train":
     pathlib.Path("data/model.pt").write_text(str(steps))
 else:
     dump("data/metrics/evaluate.json", {"split": "test", "bleu": 1.5 * steps,
-                                        "chrf": 10.0 + steps, "lineage": {"step": steps}})
+                                        "chrf": 10.0 + steps, "lineage": {"step": steps},
+                                        "test_sha256": "t", "bleu_signature": "s"})
 """
 
 DVC_YAML = """
@@ -37,6 +38,10 @@ stages:
     cmd: python stage.py evaluate
     deps: [stage.py, data/model.pt]
     metrics: [data/metrics/evaluate.json]
+artifacts:
+  transformer:
+    path: data/model.pt
+    type: model
 """
 
 
@@ -56,22 +61,52 @@ def project(path: Path, header: str) -> Path:
     return path
 
 
-def test_one_line_per_experiment(tmp_path):
+def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path):
+    """Experiments of an older commit stay listed after a new one; the champion is marked, each
+    decision (promoted or refused) given with its reason, read back from git alone."""
+    from flows.promote import decide
+
     demo = project(
         tmp_path / "demo", "# Written by `python -m transformer.config preset demo`; edit freely.\n"
     )
-    head = sh("git", "rev-parse", "--short=7", "HEAD", cwd=demo).strip()
-    lines = results.table(results.rows(demo, results.exp_show(demo))).splitlines()
-    assert [line.split() for line in lines] == [
-        ["experiment", "preset", "BLEU", "chrF", "steps", "time"],
-        ["workspace", "demo", "90.00", "70.00", "60", "1:01:24"],  # `exp run` leaves it applied
-        ["main", f"({head})", "demo", "6.00", "14.00", "4", "0:04:06"],
-        ["longer", "demo", "90.00", "70.00", "60", "1:01:24"],
+    dvc = (sys.executable, "-m", "dvc")
+    sh(*dvc, "exp", "run", "-n", "shorter", "-S", "train.max_steps=10", cwd=demo)
+    refs = sh("git", "for-each-ref", "refs/exps", "--format=%(objectname) %(refname)", cwd=demo)
+    commits = {ref.rsplit("/", 1)[1]: sha for sha, ref in map(str.split, refs.splitlines())}
+    assert decide(demo, commits["longer"], 0.0, "test")["version"] == "v1.0.0"
+    assert not decide(demo, commits["shorter"], 0.0, "test")["promoted"]
+    (demo / "notes.txt").write_text("a later commit\n")
+    sh("git", "add", "notes.txt", cwd=demo)
+    sh("git", "commit", "-qm", "a later commit", cwd=demo)
+    lines = results.table(results.rows(demo)).splitlines()
+    assert lines[0].split() == [
+        "experiment",
+        "version",
+        "recipe",
+        "BLEU",
+        "steps",
+        "time",
+        "decision",
     ]
-    assert lines[3].startswith("  longer")  # beneath the commit it branched from
-    assert max(map(len, lines)) < 80
-
-    # no header (params.yaml written by hand): no preset; the CLI prints the same table
-    bare = project(tmp_path / "bare", "")
-    out = sh(sys.executable, "-m", "flows.results", str(bare), cwd=tmp_path)
-    assert out.splitlines()[3].split() == ["longer", "-", "90.00", "70.00", "60", "1:01:24"]
+    assert lines[1].split()[:8] == [
+        "*",
+        "longer",
+        "v1.0.0",
+        "demo",
+        "90.00",
+        "60",
+        "1:01:24",
+        "promoted",
+    ]
+    assert "promoted as v1.0.0: no champion yet" in lines[1]
+    assert lines[2].split()[:7] == ["shorter", "-", "demo", "15.00", "10", "0:10:14", "refused:"]
+    assert "does not beat champion 90.00" in lines[2] and len(lines) == 3
+    # git alone tells the decisions: annotated tags on the experiments' commits
+    tags = sh("git", "tag", "-n1", "--list", "decision/*", cwd=demo).splitlines()
+    assert [t.split()[:3] for t in tags] == [
+        ["decision/transformer/0001", "transformer:", "promoted"],
+        ["decision/transformer/0002", "transformer:", "refused:"],
+    ]
+    # the CLI prints the same table
+    out = sh(sys.executable, "-m", "flows.results", str(demo), cwd=tmp_path)
+    assert out.splitlines() == lines

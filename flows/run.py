@@ -1,0 +1,167 @@
+"""Start a deployment's flow run and follow it to its end: the command a script or cron job waits on.
+
+    python -m flows.run DEPLOYMENT [-p KEY=VALUE ...] [--wait] [--timeout S]
+    python -m flows.run pipeline/demo -p 'overrides=["train.max_steps=100"]' --wait
+    python -m flows.run retrain/retrain --wait || mail -s "retrain failed" me < /dev/null
+
+A value is read as JSON where it parses (a list, a number), else as a string. With --wait it
+prints each state the run passes through and each stage (a task run, its subflows' included) as
+it starts and ends, then the final state and, for a failure, its message: the stage and its own
+error line. A crash is not the end: the automation "retry crashed runs" reschedules the run and
+the next serving process resumes it, so --wait follows it through its retries and reads a
+Crashed state as final only once it has stayed so for --crash-grace seconds (the run gave up, or
+nothing reschedules it). A lost connection to the server is retried, not fatal.
+
+Exit status: 0 Completed, 1 Failed, 2 Crashed, 3 Cancelled, 4 not finished at --timeout, 5 the
+run could not be started (no such deployment, a bad parameter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+EXIT = {"COMPLETED": 0, "FAILED": 1, "CRASHED": 2, "CANCELLED": 3}
+TIMEOUT, NOT_STARTED = 4, 5
+
+
+def parameter(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, the value parsed as JSON where it parses (as `prefect deployment run -p`)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def say(text: str) -> None:
+    print(f"{datetime.now(UTC):%H:%M:%S} {text}", flush=True)
+
+
+def stage_name(task_run) -> str:
+    """The stage a task run ran: its task's name (the flows name each task after its stage)."""
+    return task_run.name.rsplit("-", 1)[0]
+
+
+class Follower:
+    """What has been printed of one flow run: its states, and its and its subflows' stages."""
+
+    def __init__(self, run_id):
+        self.run_id = run_id
+        self.states: set = set()  # ids of the run's states printed
+        self.tasks: dict = {}  # task run id -> state name printed
+        self.failed: dict = {}  # task run id -> stage, for task runs whose last state failed
+
+    def poll(self, client):
+        """Print what is new; the flow run."""
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+        from prefect.client.schemas.filters import FlowRunFilterId as Id
+
+        run = client.read_flow_run(self.run_id)
+        for s in client.read_flow_run_states(self.run_id):
+            if s.id not in self.states:
+                self.states.add(s.id)
+                say(f"run {run.name}: {s.name}" + (f": {s.message}" if s.message else ""))
+        subflows = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[self.run_id])
+            )
+        )
+        ids = [self.run_id, *(f.id for f in subflows)]
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=Id(any_=ids)))
+        for t in sorted(tasks, key=lambda t: t.expected_start_time or t.created):
+            name = t.state.name if t.state else "Pending"
+            if self.tasks.get(t.id) != name:
+                self.tasks[t.id] = name
+                say(f"stage {stage_name(t)}: {name}")
+                self.failed.pop(t.id, None)
+                if t.state and t.state.is_failed():
+                    self.failed[t.id] = stage_name(t)
+        return run
+
+
+def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float = 2.0) -> int:
+    """Print the run's progress until it ends; its exit status (EXIT, or TIMEOUT)."""
+    import httpx
+    from prefect.client.orchestration import get_client
+
+    follower = Follower(run_id)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    crashed_since, state = None, "unknown (the server did not answer)"
+    while deadline is None or time.monotonic() < deadline:
+        try:
+            with get_client(sync_client=True) as client:
+                run = follower.poll(client)
+        except (httpx.HTTPError, OSError) as e:  # the server restarting: not the run's end
+            say(f"the Prefect server did not answer ({e}); trying again")
+            time.sleep(every_s * 5)
+            continue
+        kind, state = run.state.type.value, run.state.name
+        if kind == "CRASHED":
+            crashed_since = crashed_since or time.monotonic()
+            if time.monotonic() - crashed_since < crash_grace_s:
+                kind = None  # the retry automation may reschedule it yet
+        else:
+            crashed_since = None
+        if kind in EXIT:
+            verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
+            if kind != "COMPLETED":
+                failed = list(follower.failed.values())
+                stage = f" in stage {failed[-1]}" if failed else ""
+                # the cause; the stage output's tail: `prefect flow-run inspect ID`
+                verdict += f"{stage}: {(run.state.message or 'no message').splitlines()[0]}"
+            say(verdict)
+            return EXIT[kind]
+        time.sleep(every_s)
+    say(f"run {run_id} not finished after {timeout_s:.0f} s; still {state}")
+    return TIMEOUT
+
+
+def start(deployment: str, parameters: dict[str, Any]):
+    """A new flow run of `deployment` (as `prefect deployment run` makes it)."""
+    from prefect.deployments import run_deployment
+
+    return run_deployment(deployment, parameters=parameters, timeout=0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("deployment", help="FLOW/DEPLOYMENT, e.g. pipeline/demo")
+    parser.add_argument(
+        "-p", "--param", type=parameter, action="append", default=[], metavar="KEY=VALUE"
+    )
+    parser.add_argument("--wait", action="store_true", help="follow the run to its end")
+    parser.add_argument(
+        "--crash-grace",
+        type=float,
+        default=180.0,
+        metavar="S",
+        help="seconds a Crashed run may wait for its retry (default 180)",
+    )
+    parser.add_argument("--timeout", type=float, metavar="S", help="give up waiting after S s")
+    args = parser.parse_args(argv)
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+
+    try:
+        run = start(args.deployment, dict(args.param))
+    except (ObjectNotFound, PrefectHTTPStatusError, ValueError) as e:  # no such deployment,
+        # or a parameter its flow does not take
+        say(f"error: could not start a run of {args.deployment}: {e}")
+        sys.exit(NOT_STARTED)
+    say(f"started flow run {run.name} of {args.deployment}: UUID: {run.id}")
+    if args.wait:
+        sys.exit(follow(run.id, args.crash_grace, args.timeout))
+
+
+if __name__ == "__main__":
+    main()
