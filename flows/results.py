@@ -23,11 +23,11 @@ from typing import Any
 
 from flows import registry
 from flows.dag import Stage, read_dag
-from flows.lineage import EVALUATE, FIELDS, Snapshot, flatten, pick
+from flows.lineage import EVALUATE, FIELDS, PARENT, Snapshot, flatten, pick
 
 TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
-COLUMNS = ("", "experiment", "version", "recipe", "BLEU", "steps", "time", "decision")
+COLUMNS = ("", "experiment", "version", "parent", "recipe", "BLEU", "steps", "time", "decision")
 NUMERIC = {"BLEU", "steps", "time"}
 
 
@@ -114,6 +114,7 @@ def rows(project: Path) -> list[list[str]]:
             "*" if e["commit"] == champion else "",
             e["name"],
             versions.get(e["commit"]),
+            metrics(entry, dag.get(PARENT)).get("version"),  # a continued run's champion
             recipe(project, e["commit"]),
             number(pick(scores, FIELDS["bleu"][1])),
             pick(trained, ("step",)),

@@ -17,7 +17,7 @@ import yaml
 from prefect_fixtures import DVC, sh
 from test_flows_real import checkout
 
-from flows import lineage, registry
+from flows import lineage, registry, results
 from flows.dag import locked_outs, read_dag
 from flows.workspace import WORKSPACE
 
@@ -123,6 +123,9 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
     assert lineage_json["parent"]["model_sha256"] == sha(v1 / "model.pt")
     status = sh(*DVC, "status", "--json", cwd=ws)
     assert json.loads(status) == {}  # dvc.lock describes the workspace: the parent included
+    # make results shows the chain: v2.0.0's row names v1.0.0 as its parent
+    rows = {r[2]: r for r in results.rows(project)}
+    assert rows["v2.0.0"][3] == "v1.0.0" and rows["v1.0.0"][3] == "-"
 
     # each reason to train from scratch instead, with its reason in the decision
     # a recipe whose model shape, tokenizer and language pair all differ: each named

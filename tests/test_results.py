@@ -82,16 +82,18 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
     assert lines[0].split() == [
         "experiment",
         "version",
+        "parent",
         "recipe",
         "BLEU",
         "steps",
         "time",
         "decision",
     ]
-    assert lines[1].split()[:8] == [
+    assert lines[1].split()[:9] == [
         "*",
         "longer",
         "v1.0.0",
+        "-",
         "demo",
         "90.00",
         "60",
@@ -99,7 +101,16 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
         "promoted",
     ]
     assert "promoted as v1.0.0: no champion yet" in lines[1]
-    assert lines[2].split()[:7] == ["shorter", "-", "demo", "15.00", "10", "0:10:14", "refused:"]
+    assert lines[2].split()[:8] == [
+        "shorter",
+        "-",
+        "-",
+        "demo",
+        "15.00",
+        "10",
+        "0:10:14",
+        "refused:",
+    ]
     assert "does not beat champion 90.00" in lines[2] and len(lines) == 3
     # git alone tells the decisions: annotated tags on the experiments' commits
     tags = sh("git", "tag", "-n1", "--list", "decision/*", cwd=demo).splitlines()
