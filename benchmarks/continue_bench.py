@@ -1,6 +1,6 @@
 """Retrain from scratch or continue from the champion, when the data grows (Multi30k en-de).
 
-    python benchmarks/continue_bench.py WORKDIR [--minutes 12] [--continue-minutes 3]
+    python -m benchmarks.continue_bench WORKDIR [--minutes 12] [--continue-minutes 3]
 
 A champion is trained on a share (`--share`, 0.8) of Multi30k's training pairs, drawn at random
 (`--seed`); then the data grows to all of them, and two candidates are trained on it:
@@ -30,7 +30,6 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 from transformer import config
 
 PY = sys.executable

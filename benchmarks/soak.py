@@ -1,6 +1,6 @@
 """Soak test of unattended retraining: retrain cycles back to back, with faults injected.
 
-    python benchmarks/soak.py --workdir /tmp/soak --cycles 30 [--seed 1] [--fault-rate 0.33]
+    python -m benchmarks.soak --workdir /tmp/soak --cycles 30 [--seed 1] [--fault-rate 0.33]
 
 Everything is real and local: a Prefect server on 127.0.0.1; `python -m flows.serve`, restarted
 whenever it dies (as systemd's Restart=always would); a corpus server on 127.0.0.1 that the
@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 FAULTS = ("kill", "stagekill", "http500", "drop", "corrupt", "full")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
