@@ -85,7 +85,7 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         assert "missing" not in table, table  # every lineage key found in the real metrics
         assert float(table["bleu"]) >= 0 and table["bleu_signature"].startswith("nrefs:1|")
         logged = run_logs(first)
-        assert len(logged) <= 150  # progress bars reach the log at a bounded rate
+        assert len(logged) <= 165  # progress bars reach the log at a bounded rate
         # no blank lines; the stages' indented metrics JSON arrives as one line each
         assert not [m for m in logged if m.strip() in ("", "{", "}")]
         assert any(m.startswith('{"train": {"pairs_in"') for m in logged)

@@ -329,7 +329,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {e}")
     if args.metrics:
         write_json(args.metrics, metrics)
+    vocab = metrics.pop("vocabulary")  # one line: the full record is in the metrics file
     print(json.dumps(metrics, indent=2))
+    print(f"vocabulary: {vocab['oov_rate']:.2%} of {vocab['words']} words left to single bytes")
 
 
 if __name__ == "__main__":
