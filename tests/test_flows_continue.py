@@ -69,6 +69,18 @@ def write_corpus(src: Path, dest: Path, n: int, extra: list[str] = ()) -> None:
         (dest / f"train.{lang}").write_text("".join(lines) + "".join(extra))
 
 
+def project_with_recipe(tmp_path: Path, n: int) -> tuple[Path, Path, Path]:
+    """(the generated corpus, the local corpus of its first n train pairs, a checkout of the
+    project with the continuing recipe committed as preset PRESET)."""
+    source, corpus = corpus_files(tmp_path), tmp_path / "corpus"
+    write_corpus(source, corpus, n)
+    project = checkout(tmp_path)
+    (project / "presets" / f"{PRESET}.yaml").write_text(yaml.safe_dump(preset(corpus)))
+    sh("git", "add", "-A", cwd=project)
+    sh("git", "commit", "-qm", "a continuing recipe", cwd=project)
+    return source, corpus, project
+
+
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -82,12 +94,7 @@ def md5s(hashes: str) -> list[str]:
 def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Path) -> None:
     from flows.retrain import retrain
 
-    source, corpus = corpus_files(tmp_path), tmp_path / "corpus"
-    write_corpus(source, corpus, 300)
-    project = checkout(tmp_path)
-    (project / "presets" / f"{PRESET}.yaml").write_text(yaml.safe_dump(preset(corpus)))
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "a continuing recipe", cwd=project)
+    source, corpus, project = project_with_recipe(tmp_path, 300)
     ws = project / WORKSPACE
 
     first = retrain(preset=PRESET, project=str(project))
@@ -146,12 +153,7 @@ def test_continue_falls_back_when_the_new_data_is_new_to_the_tokenizer(
 ) -> None:
     from flows.retrain import retrain
 
-    source, corpus = corpus_files(tmp_path), tmp_path / "corpus"
-    write_corpus(source, corpus, 400)
-    project = checkout(tmp_path)
-    (project / "presets" / f"{PRESET}.yaml").write_text(yaml.safe_dump(preset(corpus)))
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "a continuing recipe", cwd=project)
+    source, corpus, project = project_with_recipe(tmp_path, 400)
     ws = project / WORKSPACE
     first = retrain(preset=PRESET, project=str(project))
     assert first["version"] == "v1.0.0", first["reason"]
