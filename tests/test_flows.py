@@ -498,7 +498,7 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
     # the retrain trained the demo recipe (600 steps: BLEU 60 in the toy), not the override's
     decision = artifact(str(first.id), "retrain-decision")
     assert "promoted as v1.0.0" in decision and "no champion yet" in decision
-    assert "| candidate | pipeline-" in decision  # the experiment, by name
+    assert "| candidate | retrain-" in decision  # the experiment, by name (the retrain flow's)
     assert tags(toy) == ["transformer#prod#1", "transformer@v1.0.0"]
     from flows import registry
 

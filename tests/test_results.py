@@ -23,7 +23,7 @@ if sys.argv[1] == "train":
 else:
     dump("data/metrics/evaluate.json", {"split": "test", "bleu": 1.5 * steps,
                                         "chrf": 10.0 + steps, "lineage": {"step": steps},
-                                        "test_sha256": "t", "bleu_signature": "s"})
+                                        "set_sha256": "t", "bleu_signature": "s"})
 """
 
 DVC_YAML = """
