@@ -187,7 +187,8 @@ def retrain(
             retries = (download_retries, retry_delay_s)
             extra, out["parent"], how = plan(root, ws, dag, champion, preset, overrides, retries)
             logger().info("training %s", how)
-            apply_params(ws, preset, [*overrides, *extra])
+            if extra and out["parent"] is None:  # a fallback: prepare() and plan() applied the rest
+                apply_params(ws, preset, [*overrides, *extra])
             candidate = run_experiment(ws, commit, preset, [*overrides, *extra], *retries)
             margin = load(RetrainConfig, "retrain", ws / "params.yaml").margin
             out.update(
