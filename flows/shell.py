@@ -29,8 +29,9 @@ LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 TRANSIENT = re.compile(
     r"No space left on device|Errno 28|Out of diskspace|Connection (reset|refused|aborted)|"
     r"timed out|Temporary failure|"
-    # the stage's own process killed (DVC: "exited with -9"; torchrun: "exitcode : -9")
-    r"exited with -(9|15)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
+    # the stage's own process killed: DVC says "exited with -9" when its shell exec'd the
+    # command and "exited with 137" (128 + 9) when a shell waited for it; torchrun "exitcode : -9"
+    r"exited with (-(9|15)|137|143)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
 )
 CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^\w*(Error|Exception): ")
 WRAPPER = re.compile(r"^ERROR: failed to reproduce ")  # DVC's summary of the stage's own error

@@ -250,12 +250,14 @@ def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> Non
     assert not e.value.transient and not e.value.lock_busy
 
 
-def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path) -> None:
-    """An OOM kill or `kill -9` of a stage's own process: real DVC reports it (`exited with
-    -9`), and the flows retry the stage (the soak's stage-process fault)."""
+@pytest.mark.parametrize("then", ["", " && true"], ids=["exec", "waited"])
+def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path, then) -> None:
+    """An OOM kill or `kill -9` of a stage's own process: real DVC reports it (`exited with -9`
+    when its shell exec'd the command, `exited with 137` when the shell waited for it, as some
+    shells do even for one command), and the flows retry the stage (the soak's fault)."""
     git_init(tmp_path)
     sh(*DVC, "init", "-q", cwd=tmp_path)
-    kill = "python -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'"
+    kill = "python -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'" + then
     (tmp_path / "dvc.yaml").write_text(f"stages:\n  oom:\n    cmd: {kill}\n    outs: [x]\n")
     with pytest.raises(CommandError) as e:
         dvc("repro", cwd=tmp_path, what="stage oom")
