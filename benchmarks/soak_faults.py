@@ -57,7 +57,7 @@ class Corpus(BaseHTTPRequestHandler):
 
 def snapshot(cycle: int, pairs: int) -> dict[str, bytes]:
     """The corpus of cycle `cycle`: fixed valid/test, a train split that changes every cycle."""
-    from transformer.config import SyntheticConfig
+    from transformer.sections.download import SyntheticConfig
     from transformer.synthetic import generate
 
     fixed = generate(SyntheticConfig(train=1, valid=200, test=200, seed=0))

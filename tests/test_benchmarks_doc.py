@@ -21,3 +21,28 @@ def test_every_file_in_benchmarks_is_in_the_table_and_nothing_else():
         helper = cells[1].startswith("(")  # loaded by another script, not run itself
         assert runs or helper, f"no command runs {cells[0]}"
         assert helper or cells[2] not in ("", "—"), f"{cells[0]}: no current figure"
+
+
+def test_every_name_the_benchmarks_import_from_the_project_exists():
+    """The benchmarks import most of the project's names inside functions, where importing the
+    module proves nothing: each `from transformer... import NAME` / `from flows... import NAME`
+    (a module's top or a function's body) must name something that is there."""
+    import ast
+    import importlib.util
+
+    missing = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (
+                "transformer",
+                "flows",
+                "benchmarks",
+            ):
+                module = importlib.import_module(node.module)
+                missing += [
+                    f"{path.name}:{node.lineno}: {node.module}.{a.name}"
+                    for a in node.names
+                    if not hasattr(module, a.name)
+                    and importlib.util.find_spec(f"{node.module}.{a.name}") is None
+                ]
+    assert not missing, missing
