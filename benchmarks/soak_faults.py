@@ -155,6 +155,14 @@ def stage_pids(ws: Path) -> list[tuple[float, int]]:
     return sorted(found)
 
 
+def stage_name(pid: int) -> str:
+    """`transformer.train` for a stage process `python -m transformer.train ...` ("" if gone)."""
+    with contextlib.suppress(OSError):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        return next((a for a in argv if a.startswith("transformer.")), argv[0].rsplit("/")[-1])
+    return ""
+
+
 def stage_running(ws: Path) -> bool:
     """Whether a stage process (its working directory is the run workspace) is running."""
     root = str(ws.resolve())
@@ -210,9 +218,13 @@ def inject(
             while chunk := min(free, 1 << 24):
                 f.write(b"\0" * chunk)
                 free -= chunk
-        log.append(f"disk full for 20 s ({shutil.disk_usage(fs).free} bytes left)")
-        time.sleep(20)
+        log.append(f"disk full for 20 s ({shutil.disk_usage(fs).free} bytes left) during: ")
+        running = set()
+        for _ in range(20):  # which stages ran while it was full: the fault's evidence
+            running |= {stage_name(pid) for _, pid in stage_pids(ws)}
+            time.sleep(1.0)
         filler.unlink()
+        log[-1] += ", ".join(sorted(running - {""})) or "no stage process"
 
 
 def corrupt(ws: Path, log: list[str]) -> None:
