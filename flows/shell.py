@@ -96,6 +96,8 @@ def segments(stream) -> Iterator[tuple[str, bool]]:
 # a progress bar's refresh (tqdm: "| 100/600 [00:27<02:15, ...]") with a line printed after it
 # on the same terminal line, as a stage's print() lands after its bar's last refresh
 GLUED = re.compile(r"^(?P<bar>.*?\d+(?:/\d+)?\s?\w* \[\d+:\d\d[^\]]*\])(?P<rest>\S.*)$")
+# a line written over a bar that was cleared with spaces (tqdm, interrupted by a log message)
+CLEARED = re.compile(r"^ {40,}(?=\S)")
 JSON_LINES = 2000  # the longest indented JSON block joined into one log line
 NUMBERS = re.compile(r"\d+(?:\.\d+)?")  # what differs between repeats of one message
 
@@ -126,6 +128,7 @@ class Output:
         if glued := GLUED.match(text):
             self.progress(glued["bar"])
             text = glued["rest"]
+        text = CLEARED.sub("", text)
         if text.strip() and not ADVICE.search(text) and not self.repeated(text):
             self.log.info("%s", text)
 

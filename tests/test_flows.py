@@ -221,6 +221,8 @@ def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> Non
         "sys.stderr.write('\\r 50%|#####     | 50/100 [00:01<00:01, 9.10step/s, loss=2.1]')\n"
         "sys.stderr.flush()\n"
         "print('step 50: saved data/checkpoints/step_00000050.pt')\n"
+        "sys.stderr.write('\\r' + ' ' * 60 + 'WARNING x: ProtocolError; retrying in 0.5 s\\n')\n"
+        "print('    raise SystemExit(3)')\n"
         "print('warning: other processes used 1.6 of 2 cores')\n"
         "print('warning: other processes used 1.2 of 2 cores')\n"
         "print()\n"
@@ -242,6 +244,9 @@ def test_stage_output_reaches_the_log_at_a_bounded_rate(tmp_path, caplog) -> Non
     # a line printed after a bar's refresh is a line of its own; the refresh is rate-limited
     assert "step 50: saved data/checkpoints/step_00000050.pt" in logged
     assert not any("50/100" in m for m in logged)
+    # a line over a bar cleared with spaces is the line alone; an indented one keeps its indent
+    assert "WARNING x: ProtocolError; retrying in 0.5 s" in logged
+    assert "    raise SystemExit(3)" in logged
     assert len([m for m in logged if m.startswith("warning: other")]) == 1  # repeats: 1 a minute
     assert '{"bleu": 1.5, "signatures": {"bleu": "nrefs:1"}}' in logged  # metrics: one line
     assert not any(m.strip() in ("", "{", "}") for m in logged)  # no blank lines
