@@ -131,6 +131,12 @@ def tags(toy: Path) -> list[str]:
     return sh("git", "tag", "--list", "transformer*", cwd=toy).split()
 
 
+def promote_cli(experiment: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """`python -m flows.promote EXPERIMENT`, its exit code and output kept for the assertions."""
+    cmd = [sys.executable, "-m", "flows.promote", experiment]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+
+
 def test_dag_is_dvcs_own(toy: Path) -> None:
     dag = read_dag(toy)
     assert [sorted(w) for w in generations(dag)] == [
@@ -605,14 +611,7 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
         )
     out = sh(sys.executable, "-m", "flows.promote", "by-hand-better", cwd=toy, env=cli)
     assert "promoted as v2.0.0: candidate BLEU 90.00 beats champion 60.00" in out
-    worse = subprocess.run(
-        [sys.executable, "-m", "flows.promote", "by-hand-worse"],
-        cwd=toy,
-        env=cli,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    worse = promote_cli("by-hand-worse", toy, cli)
     assert worse.returncode == 3, worse.stdout + worse.stderr  # refused: a script can tell
     assert "not promoted: candidate BLEU 30.00 does not beat champion 90.00" in worse.stdout
     assert tags(toy)[-1] == "transformer@v2.0.0" and "transformer#prod#2" in tags(toy)
@@ -723,14 +722,7 @@ def test_promoted_without_a_remote_then_published(
     until a remote is added and `python -m flows.registry publish` pushes it."""
     env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
     sh(*DVC, "exp", "run", "-n", "before-remote", "-S", "train.max_steps=30", cwd=toy, env=env)
-    promoted = subprocess.run(
-        [sys.executable, "-m", "flows.promote", "before-remote"],
-        cwd=toy,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    promoted = promote_cli("before-remote", toy, env)
     assert promoted.returncode == 0, promoted.stdout + promoted.stderr
     assert "promoted as v1.0.0: no champion yet" in promoted.stdout
     sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=toy)
@@ -758,16 +750,14 @@ def test_the_next_decision_publishes_what_a_down_remote_missed(
     sh("git", "commit", "-qm", "a DVC remote", ".dvc/config", cwd=toy)
     sh(*DVC, "exp", "run", "-n", "while-down", "-S", "train.max_steps=40", cwd=toy, env=env)
 
-    def promote() -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "flows.promote", "while-down"]
-        return subprocess.run(cmd, cwd=toy, env=env, capture_output=True, text=True, check=False)
-
-    first = promote()
+    first = promote_cli("while-down", toy, env)
     assert first.returncode == 0 and "promoted as v1.0.0" in first.stdout, first.stderr
     assert "v1.0.0 is not published yet" in first.stdout + first.stderr
     sh(*DVC, "remote", "modify", "store", "url", str(tmp_path / "remote"), cwd=toy)
     sh("git", "commit", "-qm", "the remote's new home", ".dvc/config", cwd=toy)
-    again = promote()  # the gate refuses (the champion already); its publishing catches up
+    again = promote_cli(
+        "while-down", toy, env
+    )  # the gate refuses (the champion already); its publishing catches up
     assert again.returncode == 3 and "the champion already" in again.stdout, again.stderr
     assert "v1.0.0: on the remote already" in sh(
         sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
