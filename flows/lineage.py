@@ -167,7 +167,8 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     record = {f: pick(metrics[stage], paths) for f, (stage, paths) in FIELDS.items()}
     record["split"] = str(pick(metrics[EVALUATE], (KEYS["split"],)) or "test")
     record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
-    lock = locked_outs(snap.text("dvc.lock"))
+    lock_text = snap.text("dvc.lock")
+    lock = locked_outs(lock_text)
     record["data_hash"] = outs_hash(lock, dag, DOWNLOAD)
     # With BPE-dropout (shard.bpe_dropout) the shards no longer follow from data + tokenizer
     record["shards_hash"] = outs_hash(lock, dag, SHARD) or None
@@ -179,7 +180,7 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     record["parent_chain"] = parent.get("chain")
     record["parent_hash"] = outs_hash(lock, dag, PARENT) or None  # the package DVC saw
     record["code_revision"] = rev
-    record["code_hash"] = code_hash(snap.text("dvc.lock"))
+    record["code_hash"] = code_hash(lock_text)
     record["params_sha256"] = params_hash(snap.text("params.yaml"))
     record.update(extra)
     return record

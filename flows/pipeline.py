@@ -57,7 +57,7 @@ def _retriable(task, task_run, state) -> bool:
 def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
     t0 = time.monotonic()
-    stage_event("stage %s: started", stage)
+    logger().info("stage %s: started", stage)
     out = dvc(
         "repro",
         "--single-item",
@@ -68,34 +68,8 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
     )
     text = "\n".join(out)
     done = "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
-    stage_event("stage %s: %s (%.0f s)", stage, done, time.monotonic() - t0)
+    logger().info("stage %s: %s (%.0f s)", stage, done, time.monotonic() - t0)
     return done
-
-
-_parent: dict[str, str] = {}  # the flow run this one is a subflow of (retrain's), if any
-
-
-def stage_event(message: str, *args: Any) -> None:
-    """A stage's start or end, in this run's log and in its parent's: retrain's log shows the
-    stages of the pipeline it runs as a subflow, as the pipeline's own does."""
-    logger().info(message, *args)
-    if _parent:
-        from prefect.logging import get_logger
-
-        get_logger("prefect.flow_runs").info(message, *args, extra=_parent)
-
-
-def find_parent() -> dict[str, str]:
-    """The parent flow run's id and names, as a run logger's records carry them; {} if none."""
-    from prefect.client.orchestration import get_client
-
-    parent = flow_run.get_parent_flow_run_id()
-    if not parent:
-        return {}
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(parent)
-        name = client.read_flow(run.flow_id).name
-    return {"flow_run_id": str(run.id), "flow_run_name": run.name, "flow_name": name}
 
 
 def stage_task(stage: str, download_retries: int, retry_delay_s: float):
@@ -259,8 +233,6 @@ def pipeline(
     overrides = list(overrides or [])
     with workspace_lock(root):
         start_attempt()
-        _parent.clear()
-        _parent.update(find_parent())
         ws, commit = prepare(root, rev, preset, overrides)
         return run_experiment(ws, commit, preset, overrides, download_retries, retry_delay_s)
 

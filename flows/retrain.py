@@ -29,7 +29,7 @@ from prefect.runtime import flow_run
 from flows import lineage, registry
 from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
-from flows.promote import decide, report
+from flows.promote import decide, report, retrain_margin
 from flows.shell import apply_params, logger, workspace_lock
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
@@ -154,9 +154,6 @@ def retrain(
 ) -> dict[str, Any]:
     """Retrain the recipe when its data, code or params changed since the champion; promote the
     candidate only if it passes the gate. Returns the decision and why."""
-    from transformer.sections.retrain import RetrainConfig
-    from transformer.settings import load
-
     root = Path(project).resolve()
     overrides = list(overrides or [])
     with workspace_lock(root):
@@ -190,7 +187,7 @@ def retrain(
             if extra and out["parent"] is None:  # a fallback: prepare() and plan() applied the rest
                 apply_params(ws, preset, [*overrides, *extra])
             candidate = run_experiment(ws, commit, preset, [*overrides, *extra], *retries)
-            margin = load(RetrainConfig, "retrain", ws / "params.yaml").margin
+            margin = retrain_margin(ws)
             out.update(
                 decide(
                     root,

@@ -190,6 +190,3 @@ def translate_ids(
         bar.update(len(ids))
     bar.close()
     return out
-
-
-# ----------------------------------------------------------------------------- the text side

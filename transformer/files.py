@@ -85,14 +85,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def sha256_files(paths: list[Path]) -> str:
-    """One hash over several files' contents, in the given order."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()
-
-
 def read_lines(path: Path | None, error: type[Exception] = ValueError) -> list[str]:
     """The newline-ended lines of a UTF-8 file (stdin if None), one sentence each; `error`
     names the file and the line that is not UTF-8. Not str.splitlines: it also ends lines at
