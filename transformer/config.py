@@ -27,6 +27,7 @@ from transformer.sections.decode import DecodeConfig
 from transformer.sections.download import DownloadConfig
 from transformer.sections.evaluate import EvaluateConfig
 from transformer.sections.model import ModelConfig
+from transformer.sections.package import PackageConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.shard import ShardConfig
 from transformer.sections.tokenizer import TokenizerConfig
@@ -43,6 +44,7 @@ SECTIONS: dict[str, type] = {
     "average": AverageConfig,
     "decode": DecodeConfig,
     "evaluate": EvaluateConfig,
+    "package": PackageConfig,
     "retrain": RetrainConfig,
 }
 

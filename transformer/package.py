@@ -4,8 +4,10 @@
 
 The folder is dvc.yaml's artifact (what `dvc artifacts get` fetches and a promotion tags) and
 what `transformer-translate --model DIR` reads: model.pt, tokenizer/, lineage.json (the
-evaluate stage's scores, signatures and hashes) and params.yaml (the settings it was trained and
-decoded with). The model and tokenizer are checked to belong together and to the scores.
+evaluate stage's scores, signatures and hashes), params.yaml (the settings it was trained and
+decoded with) and README.md (the model card, transformer/card.py); with params `package`, also
+hf/ (Hugging Face's MarianMTModel) and ctranslate2/ (transformer/export.py, docs/export.md).
+The model and tokenizer are checked to belong together and to the scores.
 Files are hard-linked where the file system allows (no second copy on disk), else copied.
 """
 
@@ -15,19 +17,23 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from transformer import checkpoint, config, settings
+from transformer import checkpoint, config, export, settings
+from transformer.card import model_card
 from transformer.checkpoint import CheckpointError
 from transformer.files import atomic_dir, sha256_file
-from transformer.settings import ConfigError
+from transformer.sections.package import PackageConfig
+from transformer.settings import ConfigError, build
 from transformer.vocab import tokenizer_sha256
 
 MODEL, TOKENIZER, LINEAGE, PARAMS = "model.pt", "tokenizer", "lineage.json", "params.yaml"
+HF, CT2 = "hf", "ctranslate2"  # the exports' folders
 NOT_PACKAGED = ("retrain",)  # params sections about orchestration, not the model
 
 
@@ -42,9 +48,12 @@ def package(
     params: dict[str, Any],
     out_dir: Path,
     parent: Path | None = None,
+    manifest: Path | None = None,
 ) -> dict[str, Any]:
     """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
-    the version a continued run started from and its ancestors, where given)."""
+    the version a continued run started from and its ancestors, where given). `manifest`: the
+    download stage's, for the model card's data section."""
+    cfg = build(PackageConfig, params.get("package") or {}, "package", "params.yaml")
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
     if want and want != got:
@@ -76,7 +85,43 @@ def package(
         (tmp / LINEAGE).write_text(json.dumps(scores, indent=2, ensure_ascii=False) + "\n")
         kept = {k: v for k, v in params.items() if k not in NOT_PACKAGED}
         (tmp / PARAMS).write_text(yaml.safe_dump(kept, sort_keys=False))
+        data = _read_json(manifest) if manifest is not None else None
+        trained = {k: ckpt.get(k) for k in ("step", "train_seconds")}
+        card = model_card(scores, kept, data, trained, revision())
+        (tmp / export.CARD).write_text(card, encoding="utf-8")
+        try:
+            if cfg.hf:
+                (tmp / HF).mkdir()
+                export.write_hf(tmp, tmp / HF)
+            if cfg.ctranslate2 != "none":
+                export.write_ctranslate2(tmp, tmp / CT2, cfg.ctranslate2)
+        except export.ExportError as e:
+            raise PackageError(
+                f"{e} (params.yaml package.hf: false and package.ctranslate2: none package it "
+                "without the exports)"
+            ) from None
     return scores
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{path}: not a readable metrics file ({e})") from None
+
+
+def revision() -> str:
+    """The code's git commit (with -dirty for uncommitted edits), or "unknown" outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=40"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -99,12 +144,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--parent", type=Path, help="the parent stage's metrics JSON (into lineage.json)"
     )
+    parser.add_argument(
+        "--manifest", type=Path, help="the download stage's manifest (into the model card)"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
         config.load_all(args.params)  # validated before anything is written
         params = settings.read_params(args.params)
-        out = package(args.model, args.tokenizer, args.metrics, params, args.out_dir, args.parent)
+        out = package(
+            args.model,
+            args.tokenizer,
+            args.metrics,
+            params,
+            args.out_dir,
+            args.parent,
+            args.manifest,
+        )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")
     print(f"{args.out_dir}: BLEU {out.get('bleu')} ({out.get('split', 'test')})")

@@ -29,6 +29,7 @@ SECTIONS = (
     "average",
     "decode",
     "evaluate",
+    "package",
     "retrain",
 )
 T = TypeVar("T")
