@@ -49,6 +49,8 @@ def test_the_package_holds_what_translating_needs(scored, tmp_path):
     )
     pkg = tmp_path / "pkg"
     assert sorted(p.name for p in pkg.iterdir()) == [
+        "README.md",  # the model card
+        "hf",  # params package.hf (default true): the model for Hugging Face transformers
         "lineage.json",
         "model.pt",
         "params.yaml",

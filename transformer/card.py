@@ -127,8 +127,8 @@ def model_card(
         "| --- | --- | --- | --- | --- | --- |",
         *(
             f"| {r.get('split')} | {r.get('beam_size')} | {r.get('length_penalty')} | "
-            f"{r['bleu']} | {r.get('chrf')} | `{r.get('bleu_signature')}` / "
-            f"`{r.get('chrf_signature')}` |"
+            f"{r['bleu']} | {r.get('chrf')} | {_code(r.get('bleu_signature'))} / "
+            f"{_code(r.get('chrf_signature'))} |"
             for r in runs
         ),
         "",
@@ -175,6 +175,11 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _code(text: Any) -> str:
+    """`text` as code in a table cell: its pipes escaped, or they would split the cell."""
+    return "`" + str(text).replace("|", "\\|") + "`"
 
 
 def _parent(parent: dict[str, Any]) -> str:

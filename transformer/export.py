@@ -243,6 +243,11 @@ def write_hf(pkg: Path, out: Path) -> None:
     hf.generation_config = generation_config(params, model.cfg.max_positions)
     hf.save_pretrained(out)
     tok.save_pretrained(out)
+    # transformers 5 names the class TokenizersBackend, which 4.x cannot load; both load
+    # PreTrainedTokenizerFast (5's alias of it), so the folder serves either
+    path = Path(out) / "tokenizer_config.json"
+    tok_cfg = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**tok_cfg, "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
     if (Path(pkg) / CARD).is_file():
         shutil.copyfile(Path(pkg) / CARD, out / CARD)
 
