@@ -127,17 +127,32 @@ def test_the_model_card(pkg, scored):  # noqa: F811
     assert (pkg / "ctranslate2" / "README.md").read_text(encoding="utf-8") == card
 
 
-def test_what_cannot_be_exported_is_refused(pkg, tmp_path):
-    pre = tmp_path / "pre-ln"
-    shutil.copytree(pkg, pre, ignore=shutil.ignore_patterns("hf", "ctranslate2"))
-    ckpt = checkpoint.load(pre / "model.pt")
-    cfg = ModelConfig(**{**ckpt["model_config"], "pre_ln": True})
+def variant(pkg, out, **model_config):
+    """A copy of package `pkg` (without its exports) whose model has other model settings."""
+    shutil.copytree(pkg, out, ignore=shutil.ignore_patterns("hf", "ctranslate2"))
+    ckpt = checkpoint.load(out / "model.pt")
+    cfg = ModelConfig(**{**ckpt["model_config"], **model_config})
+    torch.manual_seed(0)
     ckpt.update(model=Transformer(cfg, ckpt["vocab_size"]).state_dict(), model_config=asdict(cfg))
-    (pre / "model.pt").unlink()
-    checkpoint.save(pre / "model.pt", ckpt)
-    scores = json.loads((pre / "lineage.json").read_text())
-    scores["lineage"]["model_sha256"] = sha256_file(pre / "model.pt")  # scored, as evaluate does
-    (pre / "lineage.json").write_text(json.dumps(scores))
+    (out / "model.pt").unlink()
+    checkpoint.save(out / "model.pt", ckpt)
+    scores = json.loads((out / "lineage.json").read_text())
+    scores["lineage"]["model_sha256"] = sha256_file(out / "model.pt")  # scored, as evaluate does
+    (out / "lineage.json").write_text(json.dumps(scores))
+    return out
+
+
+def test_an_untied_model_is_exported_as_trained(pkg, scored, tmp_path):  # noqa: F811
+    """Marian holds separate encoder, decoder and output matrices too."""
+    untied = variant(pkg, tmp_path / "untied", tie_embeddings=False)
+    export.export(untied, "hf", untied / "hf")
+    lines = (scored / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
+    cfg = DecodeConfig(beam_size=1, max_len_b=5)
+    assert hf_ids(untied, lines, cfg) == ours(untied, lines, cfg)[1]
+
+
+def test_what_cannot_be_exported_is_refused(pkg, tmp_path):
+    pre = variant(pkg, tmp_path / "pre-ln", pre_ln=True)
     with pytest.raises(SystemExit, match="model.pre_ln is true: Marian .* is post-LN only"):
         export.main([str(pre), "--format", "hf", "--out", str(tmp_path / "out")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pre-ln"]  # nothing half-written

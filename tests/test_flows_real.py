@@ -44,6 +44,18 @@ TINY = [
     "decode.beam_size=1",
 ]
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+# docs/export.md's lines: the champion's hf/ folder with transformers and nothing else
+HF_ONLY = """
+import sys
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained("champion/hf")
+model = AutoModelForSeq2SeqLM.from_pretrained("champion/hf")
+lines = [line for line in open("in.txt").read().splitlines() if line]
+batch = tokenizer(lines, return_tensors="pt", padding=True)
+out = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+ours = [m for m in sys.modules if m.split(".")[0] in ("transformer", "flows")]
+print(f"{len(out)} translations, project modules imported: {ours}")
+"""
 
 
 def checkout(tmp_path: Path) -> Path:
@@ -174,6 +186,9 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         cwd=fresh,
     )
     assert len((fresh / "out.txt").read_text().split("\n")) == 4  # 3 lines, the blank one kept
+    # ... and with Hugging Face transformers alone: no module of this project is imported
+    hf = sh(sys.executable, "-P", "-c", HF_ONLY, cwd=fresh)
+    assert hf.splitlines()[-1] == "2 translations, project modules imported: []", hf
     champion = json.loads((fresh / "champion/lineage.json").read_text())
     assert champion["bleu"] == float(record["bleu"])
     assert champion["lineage"]["model_sha256"] == record["model_sha256"]

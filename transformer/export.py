@@ -5,12 +5,13 @@
     transformer-export champion/ --format hf --out champion-hf
 
 hf: a `MarianMTModel` (Marian is this paper's architecture: post-LN, sinusoidal positions,
-embeddings scaled by √d_model, one shared vocabulary) with the tokenizer as a
-`PreTrainedTokenizerFast`, generation_config.json and the model card: `transformers.pipeline(
-"translation", model=DIR)` translates with no code of this project. ctranslate2: that model
-through CTranslate2's own converter (its Marian loader, told that decoding starts from `<s>`),
-float32 or int8, the tokenizer files beside it. docs/export.md shows how to serve each; what
-cannot be exported (a pre-LN model, an ensemble) is refused before anything is written.
+embeddings scaled by √d_model, one vocabulary, its matrices shared or not as trained) with the
+tokenizer as a `PreTrainedTokenizerFast`, generation_config.json and the model card: HF's
+`generate` (or transformers 4.x's translation pipeline) translates with no code of this
+project. ctranslate2: that model through CTranslate2's own converter (its Marian loader, told
+that decoding starts from `<s>`), float32 or int8, the tokenizer files beside it.
+docs/export.md shows how to serve each; what cannot be exported (a pre-LN model, an ensemble's
+scores) is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -65,11 +66,6 @@ def exportable(model: Transformer, lineage: dict[str, Any]) -> None:
             "model.pre_ln is true: Marian (HF MarianMTModel, and CTranslate2's converter of it) "
             "is post-LN only; a pre-LN model cannot be exported"
         )
-    if not c.tie_embeddings:
-        raise ExportError(
-            "model.tie_embeddings is false: this exporter writes Marian's one shared embedding "
-            "matrix (source, target and output); an untied model is not supported"
-        )
     if c.d_model % 2:
         raise ExportError(f"model.d_model {c.d_model} is odd: Marian's sinusoids need it even")
 
@@ -85,7 +81,14 @@ def marian_state(model: Transformer) -> dict[str, Tensor]:
     """Our state dict in Marian's names (separate q/k/v projections), residual features
     permuted by _perm (weights reading the stream: columns; writing it: rows)."""
     sd, p = model.state_dict(), _perm(model.cfg.d_model)
-    out = {"model.shared.weight": model.src_embed.weight[:, p]}
+    if model.cfg.tie_embeddings:  # Marian ties the other three uses to it
+        out = {"model.shared.weight": model.src_embed.weight[:, p]}
+    else:
+        out = {
+            "model.encoder.embed_tokens.weight": model.src_embed.weight[:, p],
+            "model.decoder.embed_tokens.weight": model.tgt_embed.weight[:, p],
+            "lm_head.weight": model.out_weight[:, p],
+        }
     for side in ("encoder", "decoder"):
         out[f"model.{side}.embed_positions.weight"] = model.pe[:, p]
     for side, norms in NORMS.items():
@@ -148,8 +151,8 @@ def marian_config(model: Transformer):
         bos_token_id=BOS_ID,
         decoder_start_token_id=BOS_ID,
         forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
+        share_encoder_decoder_embeddings=c.tie_embeddings,
+        tie_word_embeddings=c.tie_embeddings,
     )
 
 
@@ -159,9 +162,9 @@ def to_marian(model: Transformer):
 
     hf = MarianMTModel(marian_config(model))
     missing, unexpected = hf.load_state_dict(marian_state(model), strict=False)
-    tied = {"lm_head.weight", "final_logits_bias"} | {
-        f"model.{side}.embed_tokens.weight" for side in NORMS
-    }
+    tied = {"final_logits_bias"}
+    if model.cfg.tie_embeddings:
+        tied |= {"lm_head.weight"} | {f"model.{side}.embed_tokens.weight" for side in NORMS}
     if unexpected or set(missing) - tied:
         raise ExportError(f"Marian's layout changed: missing {missing}, unexpected {unexpected}")
     if model.output_ids is not None:  # model.output_vocab target: the others never output
