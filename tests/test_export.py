@@ -114,6 +114,16 @@ def test_the_tokenizer_keeps_our_specials_and_text(pkg):
     assert gen["num_beams"] == 2 and gen["decoder_start_token_id"] == 1  # params' decode
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_generation_config_saves_for_any_beam(beam_size, tmp_path):
+    """HF refuses to save a greedy config that names beam settings."""
+    gen = export.generation_config({"decode": {"beam_size": beam_size}}, max_positions=1024)
+    gen.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "generation_config.json").read_text())
+    assert saved["num_beams"] == beam_size and saved["max_new_tokens"] == 256 + 1 + 50
+    assert saved.get("length_penalty") == (0.6 if beam_size > 1 else None)
+
+
 def test_the_model_card(pkg, scored):  # noqa: F811
     card = (pkg / "README.md").read_text(encoding="utf-8")
     _, front, body = card.split("---\n", 2)

@@ -211,10 +211,18 @@ def generation_config(params: dict[str, Any], max_positions: int):
     dec = build(DecodeConfig, params.get("decode") or {}, "decode", "params.yaml")
     longest = build(ShardConfig, params.get("shard") or {}, "shard", "params.yaml").max_len
     cap = min(int(dec.max_len_a * (longest + 1)) + dec.max_len_b, max_positions - 1)
+    # HF refuses to save beam settings with one beam: they are given only for beam search
+    beam = (
+        {
+            "length_penalty": dec.length_penalty,  # HF: score / len^α (ours: GNMT's)
+            "early_stopping": True,  # a sentence ends with its k-th finished hypothesis, as ours
+        }
+        if dec.beam_size > 1
+        else {}
+    )
     return GenerationConfig(
         num_beams=dec.beam_size,
-        length_penalty=dec.length_penalty,  # HF: score / len^α (ours: GNMT's, docs/export.md)
-        early_stopping=True,  # a sentence ends with its k-th finished hypothesis, as ours
+        **beam,
         max_new_tokens=cap,
         decoder_start_token_id=BOS_ID,
         bos_token_id=BOS_ID,
