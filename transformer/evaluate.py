@@ -45,7 +45,7 @@ from transformer.sections.decode import DecodeConfig
 from transformer.sections.download import DownloadConfig
 from transformer.sections.evaluate import EvaluateConfig
 from transformer.settings import ConfigError
-from transformer.vocab import TokenizerError
+from transformer.vocab import TokenizerError, tokenizer_sha256
 
 TOK_BLEU = "bleu_tok_compound_split"
 # tensor2tensor's get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG
@@ -91,7 +91,7 @@ def lineage(model_path: Path, tokenizer_dir: Path, ensemble: Sequence[Path] = ()
     """Which model (the checkpoints it averages; the models it was ensembled with, each the
     same way) and which tokenizer produced the numbers."""
     out = _model_lineage(model_path)
-    out["tokenizer_sha256"] = sha256_file(Path(tokenizer_dir) / "tokenizer.json")
+    out["tokenizer_sha256"] = tokenizer_sha256(tokenizer_dir)
     if ensemble:
         out["ensemble"] = [_model_lineage(p) for p in ensemble]
     return out
