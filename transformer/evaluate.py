@@ -41,6 +41,7 @@ from transformer.decode import (
     write_lines,
 )
 from transformer.files import atomic_write, sha256_file
+from transformer.metrics import KEYS, put
 from transformer.sections.decode import DecodeConfig
 from transformer.sections.download import DownloadConfig
 from transformer.sections.evaluate import EvaluateConfig
@@ -147,11 +148,13 @@ def evaluate_split(
     write_lines(out_dir / hyps_name, hyps)
     cfg = tr.cfg
     files = [Path(raw_dir) / f"{split}.{lang}" for lang in langs]
+    scores = score(hyps, refs, langs[1], ev.tokenized_bleu)
+    contract = {f: scores.pop(f) for f in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
+    out = put({}, KEYS, split=split, test_sha256=set_sha256(files), **contract)
     return {
-        "split": split,
-        "set_sha256": set_sha256(files),
+        **out,
         "n_sentences": len(src),
-        **score(hyps, refs, langs[1], ev.tokenized_bleu),
+        **scores,
         "reference_cleanup": cleanup,  # "none": the references as released
         "beam_size": cfg.beam_size,
         "length_penalty": cfg.length_penalty,
@@ -194,7 +197,13 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}{tok}", file=sys.stderr)
     # one run: a flat record (what dvc metrics show lists); several: one record per tag
     out = next(iter(runs.values())) if len(runs) == 1 else runs
-    return {**out, "lineage": lineage(args.model, args.tokenizer, args.ensemble)}
+    lin = lineage(args.model, args.tokenizer, args.ensemble)
+    provenance = {
+        "model_sha256": lin.pop("model_sha256"),
+        "tokenizer_sha256": lin.pop("tokenizer_sha256"),
+        "checkpoints_averaged": lin.pop("averaged_checkpoints"),
+    }
+    return put({**out, "lineage": lin}, KEYS, **provenance)
 
 
 def main(argv: list[str] | None = None) -> None:
