@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from flows.dag import Stage, locked_outs
-from transformer.metrics import CONTRACT, KEYS, MetricsError, get
+from transformer.metrics import CONTRACT, KEYS, get
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
@@ -76,13 +76,9 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def value(
-    snap: Snapshot, stage: Stage | None, field: str, flat: dict[str, Any] | None = None
-) -> Any:
+def value(snap: Snapshot, stage: Stage, field: str, flat: dict[str, Any] | None = None) -> Any:
     """`field` of the contract (transformer/metrics.py) from `stage`'s metrics files, by its
     exact key; MetricsError naming the files and the key when it is not there."""
-    if stage is None:
-        raise MetricsError(f"no stage writes {field} (dvc.yaml)")
     flat = read_metrics(snap, stage) if flat is None else flat
     return get(flat, CONTRACT[stage.name], field, ", ".join(stage.metrics))
 
@@ -166,15 +162,16 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     """The record of the run in `snap`, trained from commit `rev`: every FIELDS value (None when
     missing), data/shards/code/params hashes, `extra` (recipe, experiment...)."""
     metrics = {name: read_metrics(snap, dag.get(name)) for name in (DOWNLOAD, EVALUATE)}
-    ev = dag.get(EVALUATE)
+    strict = EVALUATE in dag  # a project without the stage: no scores, None
     record = {
-        f: metrics[EVALUATE].get(KEYS[f])
-        if f in OPTIONAL
-        else value(snap, ev, f, metrics[EVALUATE])
+        f: value(snap, dag[EVALUATE], f, metrics[EVALUATE])
+        if strict and f not in OPTIONAL
+        else metrics[EVALUATE].get(KEYS[f])
         for f in KEYS
     }
-    record["split"] = str(record["split"])
-    record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
+    if record["split"] is not None:  # the set scored: its hash
+        record["split"] = str(record["split"])
+        record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
     lock_text = snap.text("dvc.lock")
     lock = locked_outs(lock_text)
     record["data_hash"] = outs_hash(lock, dag, DOWNLOAD)

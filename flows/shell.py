@@ -247,7 +247,8 @@ def config(project: Path, *args: str) -> list[str]:
 
 def read_section(project: Path, section: str) -> dict[str, Any]:
     """Section `section` of the project's params.yaml as its own code validates it."""
-    return json.loads(config(project, "show", section)[-1])
+    params = str(Path(project).resolve() / "params.yaml")  # named in full in an error
+    return json.loads(config(project, "show", section, "--params", params)[-1])
 
 
 def apply_params(project: Path, preset: str | None, overrides: list[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from flows.pipeline import prepare
 from flows.promote import retrain_margin
 from flows.retrain import decide_start
 from flows.shell import check_override, read_section
+from transformer import tokenizer as T
+from transformer.sections.tokenizer import TokenizerConfig
 from transformer.settings import ConfigError
+from transformer.vocab import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = {"model": {"d_model": 64}, "tokenizer": {"vocab_size": 300}, "download": {"src_lang": "en"}}
@@ -132,3 +136,22 @@ def test_overrides_are_checked_by_the_runs_revision(tmp_path):
     set_params(ws, margin=-1.0)
     with pytest.raises(ConfigError, match="retrain.margin must be a number >= 0"):
         read_section(ws, "retrain")
+
+
+def test_the_fit_probe_is_the_tokenizers_own_measure(tmp_path):
+    """`python -m transformer.vocab fit` (what the flow runs in the workspace) prints what
+    Subwords.fit measures, and names a missing tokenizer folder."""
+    train = tmp_path / "train.en"
+    train.write_text("the house by the river\nthe river by the house\n" * 20)
+    new = tmp_path / "new.en"
+    new.write_text("η γάτα κάθεται στο χαλί\nthe house\n")
+    cfg = TokenizerConfig(vocab_size=T.min_vocab_size("bpe") + 20, min_frequency=1)
+    tok = T.train_tokenizer([train], cfg)
+    T.save_tokenizer(tok, tmp_path / "tok", {"type": "bpe"})
+    cli = [sys.executable, "-m", "transformer.vocab", "fit"]
+    out = json.loads(sh(*cli, str(tmp_path / "tok"), str(new), cwd=ROOT))
+    assert out == load_tokenizer(tmp_path / "tok").fit([new])
+    assert out["oov_words"] == 5 and out["words"] == 7  # the Greek words, not "the", "house"
+    nope = [*cli, str(tmp_path / "nope"), str(new)]
+    r = subprocess.run(nope, capture_output=True, text=True, check=False)
+    assert r.returncode == 1 and "nope/meta.json: missing" in r.stderr

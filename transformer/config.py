@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("keys", nargs="+")
     s = sub.add_parser("show", help="one section of params.yaml, validated, as JSON")
     s.add_argument("section", choices=list(SECTIONS))
+    s.add_argument("--params", type=Path, default=PARAMS, help="the params file")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "preset":
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             for key in args.keys:
                 check_key(key, f"override {key!r}")
         elif args.cmd == "show":
-            section = load_all()[args.section]
+            section = load_all(args.params)[args.section]
             print(json.dumps(dataclasses.asdict(section)))
         else:
             load_all()
