@@ -61,7 +61,7 @@ def time_steps(run: Path, rounds: int) -> None:
     sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
     batches = [b for _, b in islice(batch_stream(data, sampler), 200)]  # the train stage's own
     torch.manual_seed(tcfg.seed)
-    model = Transformer(mcfg, load_tokenizer(run / "data/tokenizer").get_vocab_size()).train()
+    model = Transformer(mcfg, load_tokenizer(run / "data/tokenizer").size).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     losses = step_losses(model, tcfg.label_smoothing)
     times: dict[str, float] = {"torch": 0.0, "ours": 0.0}

@@ -65,7 +65,7 @@ def setup(params: Path, shards: Path, tokenizer: Path) -> SimpleNamespace:
         torch.set_num_threads(tcfg.threads)
     precision = resolve_precision(tcfg.precision, torch.device("cpu"), "train.precision")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    vocab = load_tokenizer(tokenizer).get_vocab_size()
+    vocab = load_tokenizer(tokenizer).size
     data = load_split(shards, "train")
     sampler = BatchSampler(data.src_lens, data.tgt_lens, tcfg.max_tokens, tcfg.seed)
     torch.manual_seed(tcfg.seed)

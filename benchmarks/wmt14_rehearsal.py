@@ -307,7 +307,7 @@ def big_checkpoints(project: Path, n: int) -> int:
 
     cfg = load_all(project / "params.yaml")
     tok = project / "data" / "tokenizer"
-    vocab, sha = load_tokenizer(tok).get_vocab_size(), tokenizer_sha256(tok)
+    vocab, sha = load_tokenizer(tok).size, tokenizer_sha256(tok)
     torch.manual_seed(0)
     model = Transformer(cfg["model"], vocab)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)

@@ -2,8 +2,9 @@
 
 A record is read from a `Snapshot`: the files of a project as they are in a folder (the run
 workspace after a run) or as a commit holds them (an experiment, a champion), DVC-tracked
-metrics included. The evaluate stage's values are read at the key paths transformer/metrics.py
-names, the contract with the stage that writes them; a missing one is reported by name.
+metrics included. The evaluate, shard and parent stages' values are read at the exact key paths
+transformer/metrics.py names, the contract with the stages that write them; a missing one is a
+MetricsError naming the file and the key.
 """
 
 from __future__ import annotations
@@ -18,16 +19,15 @@ from typing import Any
 import yaml
 
 from flows.dag import Stage, locked_outs
-from transformer.metrics import KEYS
+from transformer.metrics import CONTRACT, KEYS, get
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
 NOT_RECIPE = ("retrain",)  # params.yaml sections that do not shape the model
 
-# field -> (stage whose metrics hold it, its key path there)
-FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    field: (EVALUATE, (path,)) for field, path in KEYS.items() if field != "split"
-}
+# evaluate's values that metrics written by older versions of the stage may lack: the record
+# falls back to the manifest's and DVC's hashes (test_set_hash, lineage)
+OPTIONAL = ("test_sha256", "tokenizer_sha256")
 
 
 class Snapshot:
@@ -76,13 +76,11 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def pick(flat: dict[str, Any], paths: tuple[str, ...]) -> Any:
-    """The first leaf whose key path is, or ends with, one of `paths`; None if none does."""
-    for p in paths:
-        for key in sorted(flat, key=lambda k: k.count("/")):
-            if key == p or key.endswith("/" + p):
-                return flat[key]
-    return None
+def value(snap: Snapshot, stage: Stage, field: str, flat: dict[str, Any] | None = None) -> Any:
+    """`field` of the contract (transformer/metrics.py) from `stage`'s metrics files, by its
+    exact key; MetricsError naming the files and the key when it is not there."""
+    flat = read_metrics(snap, stage) if flat is None else flat
+    return get(flat, CONTRACT[stage.name], field, ", ".join(stage.metrics))
 
 
 def read_metrics(snap: Snapshot, stage: Stage | None) -> dict[str, Any]:
@@ -150,7 +148,7 @@ def test_set_hash(
     """The scored set's identity: evaluate's own hash (KEYS["test_sha256"]); for metrics written
     before evaluate recorded one (older champions), the manifest's sha256s of the files of
     `split` (the split evaluate scored: a valid score is never compared with a test one)."""
-    if found := pick(eval_flat, FIELDS["test_sha256"][1]):
+    if found := eval_flat.get(KEYS["test_sha256"]):
         return str(found)
     parts = sorted(
         f"{k}={v}"
@@ -164,9 +162,16 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     """The record of the run in `snap`, trained from commit `rev`: every FIELDS value (None when
     missing), data/shards/code/params hashes, `extra` (recipe, experiment...)."""
     metrics = {name: read_metrics(snap, dag.get(name)) for name in (DOWNLOAD, EVALUATE)}
-    record = {f: pick(metrics[stage], paths) for f, (stage, paths) in FIELDS.items()}
-    record["split"] = str(pick(metrics[EVALUATE], (KEYS["split"],)) or "test")
-    record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
+    strict = EVALUATE in dag  # a project without the stage: no scores, None
+    record = {
+        f: value(snap, dag[EVALUATE], f, metrics[EVALUATE])
+        if strict and f not in OPTIONAL
+        else metrics[EVALUATE].get(KEYS[f])
+        for f in KEYS
+    }
+    if record["split"] is not None:  # the set scored: its hash
+        record["split"] = str(record["split"])
+        record["test_sha256"] = test_set_hash(metrics[EVALUATE], metrics[DOWNLOAD], record["split"])
     lock_text = snap.text("dvc.lock")
     lock = locked_outs(lock_text)
     record["data_hash"] = outs_hash(lock, dag, DOWNLOAD)
@@ -175,24 +180,18 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     if record["tokenizer_sha256"] is None:  # fall back to DVC's hash of the tokenizer outputs
         toks = lock.get(TOKENIZER, {})
         record["tokenizer_sha256"] = ",".join(f"{p}={h}" for p, h in sorted(toks.items())) or None
-    parent = read_metrics(snap, dag.get(PARENT))  # a continued run's parent version, ancestors
-    record["parent"] = parent.get("version")
-    record["parent_chain"] = parent.get("chain")
+    if PARENT in dag:  # a continued run's parent version and ancestors
+        flat = read_metrics(snap, dag[PARENT])
+        for f in CONTRACT[PARENT]:
+            record[f] = value(snap, dag[PARENT], f, flat)
+    else:  # a project without the parent stage
+        record["parent"] = record["parent_chain"] = None
     record["parent_hash"] = outs_hash(lock, dag, PARENT) or None  # the package DVC saw
     record["code_revision"] = rev
     record["code_hash"] = code_hash(lock_text)
     record["params_sha256"] = params_hash(snap.text("params.yaml"))
     record.update(extra)
     return record
-
-
-def missing(record: dict[str, Any], dag: dict[str, Stage]) -> list[str]:
-    """`file: key` for each expected value the metrics files did not provide."""
-    return [
-        f"{', '.join(dag[stage].metrics) if stage in dag else stage + ' (no such stage)'}: {f}"
-        for f, (stage, _) in FIELDS.items()
-        if record.get(f) is None
-    ]
 
 
 def curves(project: Path, dag: dict[str, Stage]) -> list[tuple[str, int, str, str]]:

@@ -193,9 +193,7 @@ def experiment_ref(ws: Path, name: str) -> str:
 
 def publish(ws: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
     """The lineage table artifact and the markdown artifact linking the training curves."""
-    gaps = lineage.missing(record, dag)
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
-    rows += [{"field": "missing", "value": g} for g in gaps]
     create_table_artifact(
         rows, key="lineage", description="Score -> inputs: " + record["experiment"]
     )

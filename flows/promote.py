@@ -25,10 +25,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import registry
-from flows.shell import logger, workspace_lock
+from flows.shell import logger, read_section, workspace_lock
 from flows.workspace import WorkspaceError, git
-from transformer.sections.retrain import RetrainConfig
-from transformer.settings import ConfigError, load
+from transformer.settings import ConfigError
 
 COMPARABLE = ("split", "test_sha256", "bleu_signature")
 REFUSED = 3  # the command's exit status when the gate keeps the champion (1: an error)
@@ -173,8 +172,9 @@ def promote(experiment: str, project: str = ".", margin: float | None = None) ->
 
 
 def retrain_margin(project: Path) -> float:
-    """retrain.margin of the project's params.yaml (ConfigError naming the file if it cannot)."""
-    return load(RetrainConfig, "retrain", Path(project) / "params.yaml").margin
+    """retrain.margin of the project's params.yaml, read by the project's own code (ConfigError
+    naming the file if it cannot)."""
+    return float(read_section(Path(project), "retrain")["margin"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 
 from flows import registry
 from flows.dag import Stage, read_dag
-from flows.lineage import EVALUATE, FIELDS, PARENT, Snapshot, flatten, pick
+from flows.lineage import EVALUATE, PARENT, Snapshot, flatten
+from transformer.metrics import KEYS
 
 TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
@@ -116,9 +117,9 @@ def rows(project: Path) -> list[list[str]]:
             versions.get(e["commit"]),
             metrics(entry, dag.get(PARENT)).get("version"),  # a continued run's champion
             recipe(project, e["commit"]),
-            number(pick(scores, FIELDS["bleu"][1])),
-            pick(trained, ("step",)),
-            duration(pick(trained, ("train/seconds",))),
+            number(scores.get(KEYS["bleu"])),  # exact keys: a failed run's row shows "-"
+            trained.get("step"),
+            duration(trained.get("train/seconds")),
             "; ".join(decided.get(e["commit"], [])),
         ]
         out.append(["-" if c is None else str(c) for c in cells])

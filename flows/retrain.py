@@ -11,13 +11,18 @@ into the parent stage's folder (dvc.yaml), its tokenizer kept, its weights train
 `retrain.continuation`. It trains from scratch instead, saying why in the decision, when there is
 no champion, when the recipe changed the model's shape, the tokenizer's settings or the language
 pair, or when the champion's tokenizer leaves more than `retrain.max_oov_rate` of the new data's
-words to single bytes.
+words to single bytes (measured where it first meets the new data: `python -m transformer.vocab
+fit`, before any stage but download). The flow decides first (`decide_start`, pure), writes the
+decision into params.yaml once, then runs each stage once.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
-from dataclasses import replace
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +34,8 @@ from prefect.runtime import flow_run
 from flows import lineage, registry
 from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
-from flows.promote import decide, report, retrain_margin
-from flows.shell import apply_params, logger, workspace_lock
+from flows.promote import decide, report
+from flows.shell import apply_params, logger, read_section, run, workspace_lock
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
 
@@ -80,66 +85,77 @@ def fetch_parent(root: Path, ws: Path, dag: dict[str, Stage], version: str) -> P
     return dest
 
 
-def oov_rate(ws: Path, dag: dict[str, Stage]) -> float:
-    """The shard stage's share of the train data's words its tokenizer leaves to bytes."""
-    flat = lineage.read_metrics(lineage.Snapshot(ws), dag.get(lineage.SHARD))
-    return float(lineage.pick(flat, ("vocabulary/oov_rate",)) or 0.0)
+def probe(ws: Path, dag: dict[str, Stage], parent: Path) -> dict[str, Any]:
+    """The fit of the parent package's tokenizer to the new train data (vocab.Subwords.fit), by
+    the workspace's own code: where the kept tokenizer first meets the new data."""
+    dl = read_section(ws, "download")
+    (raw,) = [o for o in dag[lineage.DOWNLOAD].outs if o not in dag[lineage.DOWNLOAD].metrics]
+    files = [f"{raw}/train.{dl[k]}" for k in ("src_lang", "tgt_lang")]
+    cmd = [sys.executable, "-m", "transformer.vocab", "fit", str(parent / "tokenizer"), *files]
+    return json.loads(run(cmd, ws, "the champion's tokenizer on the new data")[-1])
+
+
+@dataclass(frozen=True)
+class Start:
+    """How the candidate trains: from the champion `parent` (a version) or from scratch (None);
+    why; the overrides that say so in params.yaml."""
+
+    parent: str | None
+    why: str
+    overrides: tuple[str, ...] = ()
+
+
+def decide_start(
+    mode: str,
+    champion: dict[str, Any] | None,
+    theirs: dict[str, Any] | None,
+    params: dict[str, Any],
+    max_oov_rate: float,
+    fit: Callable[[str], dict[str, Any]],
+) -> Start:
+    """Scratch or continue, and why, from retrain.mode, the champion's record and params
+    (`theirs`), the recipe's params and retrain.max_oov_rate. `fit(version)` gives the
+    champion's tokenizer's fit to the new data; it is asked only when all else allows going on."""
+    if mode == "scratch":
+        return Start(None, "from scratch (retrain.mode scratch)")
+    scratch = ("retrain.mode=scratch",)
+    if not champion or not champion.get("version"):
+        return Start(None, "from scratch: no champion to continue from", scratch)
+    version = champion["version"]
+    if differs := unfit(theirs or {}, params):
+        why = f"from scratch: the recipe changed {'; '.join(differs)} since {version}"
+        return Start(None, why, scratch)
+    if (rate := fit(version)["oov_rate"]) > max_oov_rate:
+        why = (
+            f"from scratch: {version}'s tokenizer leaves {rate:.2%} of the new train data's "
+            f"words to single bytes, more than retrain.max_oov_rate {max_oov_rate:.2%}"
+        )
+        return Start(None, why, scratch)
+    why = (
+        f"continued from {version} (its tokenizer kept, OOV rate {rate:.2%}; its weights "
+        "trained on for retrain.continuation)"
+    )
+    return Start(version, why, (f"retrain.parent={version}",))
 
 
 def plan(
-    root: Path,
-    ws: Path,
-    dag: dict[str, Stage],
-    champion: dict[str, Any] | None,
-    preset: str | None,
-    overrides: list[str],
-    retries: tuple[int, float],
-) -> tuple[list[str], str | None, str]:
-    """How the candidate trains: (extra overrides, the parent version or None, why)."""
-    from transformer.sections.retrain import RetrainConfig
-    from transformer.settings import load, read_params
+    root: Path, ws: Path, dag: dict[str, Stage], champion: dict[str, Any] | None
+) -> tuple[Start, dict[str, Any]]:
+    """The decision on what is known after the download stage (the champion's package fetched
+    only to measure its tokenizer's fit), and the retrain section as the workspace reads it."""
+    from transformer.settings import read_params
 
-    cfg = load(RetrainConfig, "retrain", ws / "params.yaml")
-    if cfg.mode == "scratch":
-        return [], None, "from scratch (retrain.mode scratch)"
-    scratch = ["retrain.mode=scratch"]
-    if not champion or not champion.get("version"):
-        return scratch, None, "from scratch: no champion to continue from"
-    version = champion["version"]
-    theirs = yaml.safe_load(
-        lineage.Snapshot(root, champion["experiment_commit"]).text("params.yaml") or "{}"
-    )
-    if differs := unfit(theirs, read_params(ws / "params.yaml")):
-        return (
-            scratch,
-            None,
-            f"from scratch: the recipe changed {'; '.join(differs)} since {version}",
-        )
-    fetch_parent(root, ws, dag, version)
-    extra = [f"retrain.parent={version}"]
-    apply_params(ws, preset, [*overrides, *extra])
-    names = (lineage.PARENT, lineage.TOKENIZER, lineage.SHARD)  # download has run
-    first = {
-        n: replace(dag[n], upstream=tuple(u for u in dag[n].upstream if u in names)) for n in names
-    }
-    run_stages(ws, first, *retries)  # the champion's tokenizer on the new data
-    if (rate := oov_rate(ws, dag)) > cfg.max_oov_rate:
-        return (
-            scratch,
-            None,
-            (
-                f"from scratch: {version}'s tokenizer leaves {rate:.2%} of the new train data's "
-                f"words to single bytes, more than retrain.max_oov_rate {cfg.max_oov_rate:.2%}"
-            ),
-        )
-    return (
-        extra,
-        version,
-        (
-            f"continued from {version} (its tokenizer kept, OOV rate {rate:.2%}; its weights "
-            "trained on for retrain.continuation)"
-        ),
-    )
+    cfg = read_section(ws, "retrain")
+    theirs = None
+    if champion and champion.get("experiment_commit"):
+        text = lineage.Snapshot(root, champion["experiment_commit"]).text("params.yaml")
+        theirs = yaml.safe_load(text or "{}")
+
+    def fit(version: str) -> dict[str, Any]:
+        return probe(ws, dag, fetch_parent(root, ws, dag, version))
+
+    mode, params = cfg["mode"], read_params(ws / "params.yaml")
+    return decide_start(mode, champion, theirs, params, cfg["max_oov_rate"], fit), cfg
 
 
 @flow(name="retrain", log_prints=True)
@@ -181,24 +197,18 @@ def retrain(
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
-            retries = (download_retries, retry_delay_s)
-            extra, out["parent"], how = plan(root, ws, dag, champion, preset, overrides, retries)
-            logger().info("training %s", how)
-            if extra and out["parent"] is None:  # a fallback: prepare() and plan() applied the rest
-                apply_params(ws, preset, [*overrides, *extra])
-            candidate = run_experiment(ws, commit, preset, [*overrides, *extra], *retries)
-            margin = retrain_margin(ws)
-            out.update(
-                decide(
-                    root,
-                    candidate["experiment_commit"],
-                    margin,
-                    f"retrain flow run {flow_run.get_id()}",
-                )
-            )
+            start, cfg = plan(root, ws, dag, champion)
+            logger().info("training %s", start.why)
+            if start.overrides:  # the decision, written once; then each stage runs once
+                apply_params(ws, None, list(start.overrides))
+            extra = [*overrides, *start.overrides]
+            candidate = run_experiment(ws, commit, preset, extra, download_retries, retry_delay_s)
+            run_id = f"retrain flow run {flow_run.get_id()}"
+            out.update(decide(root, candidate["experiment_commit"], cfg["margin"], run_id))
+            out["parent"] = start.parent
             out["stages"] = candidate["stages"]
-            out["trained"] = how
-            out["reason"] = f"{', '.join(changed)} changed; trained {how}; {out['reason']}"
+            out["trained"] = start.why
+            out["reason"] = f"{', '.join(changed)} changed; trained {start.why}; {out['reason']}"
     logger().info("retrain: %s", out["reason"])
     create_markdown_artifact(report(out, "Retrain"), key="retrain-decision")
     return out

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 # causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
@@ -229,24 +230,41 @@ def dvc(*args: str, cwd: Path, what: str = "") -> list[str]:
     return run([sys.executable, "-m", "dvc", *args], cwd, what or f"dvc {args[0]}")
 
 
-def apply_params(project: Path, preset: str | None, overrides: list[str]) -> None:
-    """Write preset `preset` to params.yaml, then the `dvc exp run -S` overrides, then validate.
-    Every override's key is checked first: a typo changes nothing."""
-    for override in overrides:
-        check_override(override)
-    if preset:
-        run(
-            [sys.executable, "-m", "transformer.config", "preset", preset],
-            project,
-            f"preset {preset}",
+def config(project: Path, *args: str) -> list[str]:
+    """`python -m transformer.config ARGS` in `project` (a run workspace: the code of the run's
+    revision, not this process's, decides); its output, or a ConfigError with its message."""
+    from transformer.settings import ConfigError
+
+    try:
+        return run(
+            [sys.executable, "-m", "transformer.config", *args], project, f"config {args[0]}"
         )
+    except CommandError as e:
+        if e.transient:
+            raise
+        raise ConfigError(e.cause.removeprefix("error: ")) from None
+
+
+def read_section(project: Path, section: str) -> dict[str, Any]:
+    """Section `section` of the project's params.yaml as its own code validates it."""
+    params = str(Path(project).resolve() / "params.yaml")  # named in full in an error
+    return json.loads(config(project, "show", section, "--params", params)[-1])
+
+
+def apply_params(project: Path, preset: str | None, overrides: list[str]) -> None:
+    """Write preset `preset` to params.yaml, then the `dvc exp run -S` overrides, then validate,
+    each with the project's own code (the run's revision). Every override's key is checked
+    first: a typo changes nothing."""
+    if overrides:
+        config(project, "keys", *(o.split("=", 1)[0].lstrip("+~") for o in overrides))
+    if preset:
+        config(project, "preset", preset)
     if overrides:
         from dvc.utils.hydra import apply_overrides  # the very code behind `dvc exp run -S`
 
         apply_overrides(project / "params.yaml", list(overrides))
         logger().info("params.yaml: set %s", ", ".join(overrides))
-    # a bad value fails here, before any stage, checked by the revision's own code
-    run([sys.executable, "-m", "transformer.config", "check"], project, "params.yaml check")
+    config(project, "check")  # a bad value fails here, before any stage
 
 
 def check_override(override: str) -> None:

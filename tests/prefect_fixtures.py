@@ -187,7 +187,7 @@ def make_toy(path: Path) -> Path:
     shutil.copytree(ROOT / "flows", path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "presets", path / "presets")
     (path / "transformer").mkdir()
-    for name in ("__init__.py", "config.py", "settings.py", "files.py"):
+    for name in ("__init__.py", "config.py", "settings.py", "files.py", "metrics.py"):
         shutil.copy(ROOT / "transformer" / name, path / "transformer" / name)
     shutil.copytree(
         ROOT / "transformer/sections",

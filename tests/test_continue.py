@@ -16,7 +16,6 @@ import yaml
 from flows.retrain import unfit
 from transformer import config
 from transformer.parent import NONE, ParentError, check, scratch
-from transformer.shard import vocabulary_fit
 from transformer.vocab import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,16 +179,16 @@ def test_a_kept_tokenizer_must_match_the_recipe(champion, tmp_path):
 def test_the_oov_rate_counts_words_the_tokenizer_leaves_to_bytes(champion, tmp_path):
     raw, pkg = champion
     tok = load_tokenizer(pkg / "tokenizer")
-    own = vocabulary_fit(tok, [raw / "train.en", raw / "train.de"])
+    own = tok.fit([raw / "train.en", raw / "train.de"])
     greek = tmp_path / "greek.txt"
     greek.write_text("Η γάτα κάθεται στο χαλί και κοιτάζει έξω\n" * 50)
-    fit = vocabulary_fit(tok, [greek])
+    fit = tok.fit([greek])
     assert fit["oov_rate"] == 1.0 and fit["oov_types"] == 8, fit  # every Greek word is bytes
     assert "γάτα" in fit["oov_examples"]
     assert own["oov_rate"] < 0.5 and own["words"] > 1000
     both = tmp_path / "both.txt"
     both.write_text((raw / "train.en").read_text() + greek.read_text())
-    assert own["oov_rate"] < vocabulary_fit(tok, [both])["oov_rate"] < 1.0
+    assert own["oov_rate"] < tok.fit([both])["oov_rate"] < 1.0
 
 
 def test_fallback_names_each_setting_that_does_not_fit():

@@ -138,7 +138,7 @@ def test_output_loss_on_the_gpu(fused, monkeypatch):
 def cuda_learner(corpus: Path, mcfg: ModelConfig, tcfg: TrainConfig, **path):
     """The train stage's Learner on the corpus, and its batch stream (as train() builds them)."""
     device = torch.device("cuda")
-    vocab = load_tokenizer(corpus / "tok").get_vocab_size()
+    vocab = load_tokenizer(corpus / "tok").size
     data, valid = load_split(corpus / "shards", "train"), load_split(corpus / "shards", "valid")
     torch.manual_seed(tcfg.seed)
     learner = train.Learner(

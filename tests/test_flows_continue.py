@@ -81,6 +81,22 @@ def project_with_recipe(tmp_path: Path, n: int) -> tuple[Path, Path, Path]:
     return source, corpus, project
 
 
+def stage_runs(flow_run_id) -> dict[str, int]:
+    """How many times each stage's task ran in the flow run (the Prefect server's task runs)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as c:
+        runs = c.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    counts: dict[str, int] = {}
+    for r in runs:
+        name = r.name.rsplit("-", 1)[0]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -165,8 +181,17 @@ def test_continue_falls_back_when_the_new_data_is_new_to_the_tokenizer(
         for i in range(400)
     ]
     write_corpus(source, corpus, 400, greek)
-    out = retrain(preset=PRESET, project=str(project))
+    state = retrain(preset=PRESET, project=str(project), return_state=True)
+    out = state.result()
     assert "trained from scratch: v1.0.0's tokenizer leaves" in out["reason"], out["reason"]
+    # decided before any stage but download: each stage ran once (download: forced, then found
+    # up to date by the experiment's run), none twice for the fallback
+    ran = stage_runs(state.state_details.flow_run_id)
+    assert ran == {**dict.fromkeys(read_dag(ws), 1), "download": 2}, ran
+    assert out["stages"]["download"] == "skipped"
+    assert {s: r for s, r in out["stages"].items() if s != "download"} == dict.fromkeys(
+        [s for s in read_dag(ws) if s != "download"], "ran"
+    )
     assert "more than retrain.max_oov_rate 40.00%" in out["reason"]
     assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
     assert (ws / "data/tokenizer/tokenizer.json").read_bytes() != kept  # a new tokenizer

@@ -22,8 +22,10 @@ if sys.argv[1] == "train":
     pathlib.Path("data/model.pt").write_text(str(steps))
 else:
     dump("data/metrics/evaluate.json", {"split": "test", "bleu": 1.5 * steps,
-                                        "chrf": 10.0 + steps, "lineage": {"step": steps},
-                                        "set_sha256": "t", "bleu_signature": "s"})
+                                        "chrf": 10.0 + steps, "set_sha256": "t",
+                                        "bleu_signature": "s", "chrf_signature": "c",
+                                        "lineage": {"step": steps, "model_sha256": str(steps),
+                                                    "averaged_checkpoints": []}})
 """
 
 DVC_YAML = """

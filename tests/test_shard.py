@@ -218,6 +218,6 @@ def test_bpe_dropout_with_a_wordpiece_tokenizer_is_refused(stage, tmp_path):
     cfg = TokenizerConfig(type="wordpiece", vocab_size=600, min_frequency=1)
     meta = {"type": "wordpiece", "src_lang": "en", "tgt_lang": "de"}
     T.save_tokenizer(T.train_tokenizer(files, cfg), tmp_path / "wp", meta)
-    with pytest.raises(SystemExit, match=r"wp is a WordPiece tokenizer.*tokenizer.type: bpe"):
+    with pytest.raises(SystemExit, match=r"wp is a wordpiece tokenizer.*tokenizer.type: bpe"):
         _shard_with(root, tmp_path / "wp", tmp_path, "shard: {bpe_dropout: 0.1}\n")
     assert not (tmp_path / "shards").exists()

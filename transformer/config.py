@@ -3,6 +3,10 @@
     python -m transformer.config check          # validate params.yaml
     python -m transformer.config list           # the presets
     python -m transformer.config preset NAME    # presets/NAME.yaml over the defaults -> params.yaml
+    python -m transformer.config keys KEY...    # each dotted key is in the schema (overrides)
+    python -m transformer.config show SECTION   # the section as validated, as JSON
+
+The flows run these in the run's workspace, so that its revision's own schema decides.
 
 Defaults are the offline demo; a preset (presets/NAME.yaml) overrides some of them. A stage
 reads only its own sections (`settings.load(TrainConfig, "train")`, the dataclasses in
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import typing
 from pathlib import Path
@@ -28,7 +33,7 @@ from transformer.sections.download import DownloadConfig
 from transformer.sections.evaluate import EvaluateConfig
 from transformer.sections.model import ModelConfig
 from transformer.sections.package import PackageConfig
-from transformer.sections.retrain import RetrainConfig
+from transformer.sections.retrain_flow import RetrainFlowConfig
 from transformer.sections.shard import ShardConfig
 from transformer.sections.tokenizer import TokenizerConfig
 from transformer.sections.train import TrainConfig
@@ -45,7 +50,7 @@ SECTIONS: dict[str, type] = {
     "decode": DecodeConfig,
     "evaluate": EvaluateConfig,
     "package": PackageConfig,
-    "retrain": RetrainConfig,
+    "retrain": RetrainFlowConfig,  # the stage settings and the flow-only ones
 }
 
 
@@ -113,6 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=PARAMS)
     sub.add_parser("list", help="list the presets")
     sub.add_parser("check", help="validate params.yaml")
+    k = sub.add_parser("keys", help="check that each dotted key (an override's) is in the schema")
+    k.add_argument("keys", nargs="+")
+    s = sub.add_parser("show", help="one section of params.yaml, validated, as JSON")
+    s.add_argument("section", choices=list(SECTIONS))
+    s.add_argument("--params", type=Path, default=PARAMS, help="the params file")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "preset":
@@ -120,6 +130,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{args.out}: now preset {args.name}")
         elif args.cmd == "list":
             print("\n".join(presets()))
+        elif args.cmd == "keys":
+            for key in args.keys:
+                check_key(key, f"override {key!r}")
+        elif args.cmd == "show":
+            section = load_all(args.params)[args.section]
+            print(json.dumps(dataclasses.asdict(section)))
         else:
             load_all()
             print(f"{PARAMS}: ok")

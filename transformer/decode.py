@@ -25,7 +25,7 @@ from transformer.ids import EOS_ID
 from transformer.incremental import Decoder, Ensemble
 from transformer.sections.decode import MAX_ALPHA, DecodeConfig
 from transformer.settings import ConfigError
-from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.vocab import Subwords, TokenizerError, load_tokenizer, tokenizer_sha256
 
 
 class DecodeError(ValueError):
@@ -37,19 +37,19 @@ class Translator:
     """A checkpoint (or an ensemble) plus its tokenizer: text lines in, text lines out."""
 
     dec: Decoder | Ensemble
-    tokenizer: object  # tokenizers.Tokenizer
+    tokenizer: Subwords
     cfg: DecodeConfig
     max_src: int  # source tokens (EOS included) the model can take
 
     def encode(self, lines: list[str], on_long: str = "truncate") -> list[list[int]]:
         """Ids (EOS appended) per line; an over-long line is truncated or rejected by number."""
         out = []
-        encoded = self.tokenizer.encode_batch_fast([line.strip() for line in lines])
+        encoded = self.tokenizer.encode([line.strip() for line in lines])
         for n, (line, enc) in enumerate(zip(lines, encoded), 1):
             if not line.strip():  # empty line in, empty line out
                 out.append([])
                 continue
-            ids = enc.ids
+            ids = enc
             if len(ids) + 1 > self.max_src:
                 msg = f"line {n}: {len(ids) + 1} tokens, more than the model's {self.max_src}"
                 if on_long == "error":
@@ -63,14 +63,14 @@ class Translator:
         self, lines: list[str], progress: bool = False, on_long: str = "truncate"
     ) -> list[str]:
         """Translate lines; an empty line gives an empty line."""
-        units = self.tokenizer.get_vocab_size()
+        units = self.tokenizer.size
         if self.cfg.beam_size > units:  # top-k of more than the vocabulary: no such beams
             raise DecodeError(
                 f"beam size {self.cfg.beam_size} is more than the vocabulary's "
                 f"{units} units (--beam-size / decode.beam_size)"
             )
         hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
-        return [self.tokenizer.decode(h, skip_special_tokens=True) if h else "" for h in hyps]
+        return [text if h else "" for h, text in zip(hyps, self.tokenizer.decode(hyps))]
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -104,7 +104,7 @@ def load_translator(
     return Translator(dec, tok, cfg, dec.max_positions)
 
 
-def _load_model(model_path: Path, tokenizer_dir: Path, tok) -> torch.nn.Module:
+def _load_model(model_path: Path, tokenizer_dir: Path, tok: Subwords) -> torch.nn.Module:
     ckpt = load_checkpoint(model_path, mmap=True)  # a training checkpoint's Adam state: unread
     model = build_model(ckpt, model_path)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
@@ -113,10 +113,9 @@ def _load_model(model_path: Path, tokenizer_dir: Path, tok) -> torch.nn.Module:
             f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
             f"{model_path} was trained with ({want[:12]})"
         )
-    if tok.get_vocab_size() != model.vocab_size:
+    if tok.size != model.vocab_size:
         raise DecodeError(
-            f"{tokenizer_dir}: vocabulary of {tok.get_vocab_size()} tokens, "
-            f"{model_path} has {model.vocab_size}"
+            f"{tokenizer_dir}: vocabulary of {tok.size} tokens, {model_path} has {model.vocab_size}"
         )
     return model
 

@@ -41,11 +41,12 @@ from transformer.decode import (
     write_lines,
 )
 from transformer.files import atomic_write, sha256_file
+from transformer.metrics import KEYS, put
 from transformer.sections.decode import DecodeConfig
 from transformer.sections.download import DownloadConfig
 from transformer.sections.evaluate import EvaluateConfig
 from transformer.settings import ConfigError
-from transformer.vocab import TokenizerError
+from transformer.vocab import TokenizerError, tokenizer_sha256
 
 TOK_BLEU = "bleu_tok_compound_split"
 # tensor2tensor's get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG
@@ -91,7 +92,7 @@ def lineage(model_path: Path, tokenizer_dir: Path, ensemble: Sequence[Path] = ()
     """Which model (the checkpoints it averages; the models it was ensembled with, each the
     same way) and which tokenizer produced the numbers."""
     out = _model_lineage(model_path)
-    out["tokenizer_sha256"] = sha256_file(Path(tokenizer_dir) / "tokenizer.json")
+    out["tokenizer_sha256"] = tokenizer_sha256(tokenizer_dir)
     if ensemble:
         out["ensemble"] = [_model_lineage(p) for p in ensemble]
     return out
@@ -147,11 +148,13 @@ def evaluate_split(
     write_lines(out_dir / hyps_name, hyps)
     cfg = tr.cfg
     files = [Path(raw_dir) / f"{split}.{lang}" for lang in langs]
+    scores = score(hyps, refs, langs[1], ev.tokenized_bleu)
+    contract = {f: scores.pop(f) for f in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
+    out = put({}, KEYS, split=split, test_sha256=set_sha256(files), **contract)
     return {
-        "split": split,
-        "set_sha256": set_sha256(files),
+        **out,
         "n_sentences": len(src),
-        **score(hyps, refs, langs[1], ev.tokenized_bleu),
+        **scores,
         "reference_cleanup": cleanup,  # "none": the references as released
         "beam_size": cfg.beam_size,
         "length_penalty": cfg.length_penalty,
@@ -194,7 +197,13 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}{tok}", file=sys.stderr)
     # one run: a flat record (what dvc metrics show lists); several: one record per tag
     out = next(iter(runs.values())) if len(runs) == 1 else runs
-    return {**out, "lineage": lineage(args.model, args.tokenizer, args.ensemble)}
+    lin = lineage(args.model, args.tokenizer, args.ensemble)
+    provenance = {
+        "model_sha256": lin.pop("model_sha256"),
+        "tokenizer_sha256": lin.pop("tokenizer_sha256"),
+        "checkpoints_averaged": lin.pop("averaged_checkpoints"),
+    }
+    return put({**out, "lineage": lin}, KEYS, **provenance)
 
 
 def main(argv: list[str] | None = None) -> None:

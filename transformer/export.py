@@ -180,7 +180,7 @@ def hf_tokenizer(tok_dir: Path, max_positions: int):
     encoder is trained with, and the specials at our ids."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = load_tokenizer(tok_dir)
+    tok = load_tokenizer(tok_dir).library_copy()
     tok.normalizer = normalizers.Sequence([normalizers.Strip(), *_steps(tok.normalizer)])
     eos = SPECIALS[EOS_ID]
     tok.post_processor = processors.TemplateProcessing(

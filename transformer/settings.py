@@ -63,6 +63,8 @@ def build(tp: Any, value: Any, key: str, src: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{src}: {key} must be a mapping, got {value!r}")
         hints = typing.get_type_hints(tp)
+        # keys of the section that others read (a ClassVar of the dataclass): skipped here
+        value = {k: v for k, v in value.items() if k not in getattr(tp, "IGNORED", ())}
         known_keys(tp, value, key, src)
         kwargs = {k: build(hints[k], v, f"{key}.{k}", src) for k, v in value.items()}
         try:

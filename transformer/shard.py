@@ -23,13 +23,11 @@ import json
 import shutil
 import sys
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models
 from tqdm import tqdm
 
 from transformer import settings
@@ -39,12 +37,11 @@ from transformer.ids import EOS_ID, UNK_ID
 from transformer.sections.download import DownloadConfig
 from transformer.sections.shard import ShardConfig
 from transformer.settings import ConfigError
-from transformer.vocab import CONT, TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.vocab import Subwords, TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
 N_BUCKETS = 32  # source-length buckets of pass 1; each one is three temporary files
 GATHER = 1 << 16  # pairs per read / gather step of pass 2: bounds its scratch memory
-OOV_SAMPLE = 200_000  # lines of each train file the vocabulary fit is measured on
 
 
 def _chunks(src: Path, tgt: Path, size: int):
@@ -155,15 +152,13 @@ def _write_shard(path: Path, sl, tl, src, tgt, dtype) -> dict[str, Any]:
     }
 
 
-def _encode(tok: Tokenizer, chunk: tuple[list[str], list[str]], dtype):
+def _encode(tok: Subwords, chunk: tuple[list[str], list[str]], dtype):
     a, b = chunk
-    src = [e.ids for e in tok.encode_batch_fast(a)]  # Rust, parallel over all cores
-    tgt = [e.ids for e in tok.encode_batch_fast(b)]
-    return _flat(src, dtype), _flat(tgt, dtype)
+    return _flat(tok.encode(a), dtype), _flat(tok.encode(b), dtype)
 
 
 def shard_split(
-    tok: Tokenizer,
+    tok: Subwords,
     src: Path,
     tgt: Path,
     out: Path,
@@ -173,7 +168,7 @@ def shard_split(
     copies: int = 1,
 ) -> dict[str, Any]:
     """Encode one split (src, tgt line files), `copies` times, into shards + index.json."""
-    dtype = np.dtype(np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32)
+    dtype = np.dtype(np.uint16 if tok.size <= 1 << 16 else np.uint32)
     if cfg.max_len > np.iinfo(dtype).max:
         raise ConfigError(f"shard.max_len {cfg.max_len} does not fit {dtype} lengths")
     buckets = _Buckets(out / ".buckets", cfg.max_len)
@@ -208,7 +203,7 @@ def shard_split(
     index = {
         "format": FORMAT,
         "tokenizer_sha256": tok_sha,
-        "vocab_size": tok.get_vocab_size(),
+        "vocab_size": tok.size,
         "dtype": dtype.name,
         "max_len": cfg.max_len,
         "copies": copies,
@@ -240,35 +235,6 @@ def _flush(out: Path, k: int, buf: list, dtype, limit: int) -> dict[str, Any]:
     return _write_shard(out / shard_name(k), sl, tl, src, tgt, dtype)
 
 
-def vocabulary_fit(tok: Tokenizer, files: list[Path], sample: int = OOV_SAMPLE) -> dict[str, Any]:
-    """The units the tokenizer lacks for this text: the words (pre-tokens of 2+ bytes) that no
-    unit of its vocabulary covers, left to single bytes, among the first `sample` lines of each
-    file. With a kept tokenizer (retrain.mode continue) it measures how new the new data is; a
-    byte-level tokenizer never emits <unk>, so this is its out-of-vocabulary rate."""
-    words: Counter[str] = Counter()
-    for f in files:
-        with open(f, encoding="utf-8", newline="\n") as fh:
-            for line in itertools.islice(fh, sample):
-                text = tok.normalizer.normalize_str(line.rstrip("\n"))
-                words.update(w for w, _ in tok.pre_tokenizer.pre_tokenize_str(text))
-    long = {w: n for w, n in words.items() if len(w) > 1}  # byte-level: one char per byte
-    oov = {
-        w: n
-        for w, n in long.items()
-        if all(len(t.value.removeprefix(CONT)) == 1 for t in tok.model.tokenize(w))
-    }
-    n_words, n_oov = sum(long.values()), sum(oov.values())
-    top = sorted(oov, key=lambda w: (-oov[w], w))[:10]
-    to_text = decoders.ByteLevel()
-    return {
-        "words": n_words,
-        "oov_words": n_oov,
-        "oov_rate": n_oov / max(n_words, 1),
-        "oov_types": len(oov),
-        "oov_examples": [to_text.decode([w]).strip() for w in top],
-    }
-
-
 def shard(
     raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig, langs: tuple[str, str]
 ) -> dict[str, Any]:
@@ -286,27 +252,25 @@ def shard(
                 continue
             use, copies = tok, 1
             if split == "train" and cfg.bpe_dropout:
-                use, copies = _with_dropout(tok_dir, cfg.bpe_dropout), cfg.train_copies
+                use, copies = _with_dropout(tok, tok_dir, cfg.bpe_dropout), cfg.train_copies
             metrics[split] = shard_split(use, src, tgt, tmp / split, cfg, sha, copies=copies)
     seconds = time.perf_counter() - t0
     metrics["seconds"] = round(seconds, 2)
     metrics["pairs_per_second"] = round(
         sum(m["pairs_in"] for m in metrics.values() if isinstance(m, dict)) / seconds, 1
     )
-    metrics["vocabulary"] = vocabulary_fit(tok, [Path(raw) / f"train.{lang}" for lang in langs])
+    metrics["vocabulary"] = tok.fit([Path(raw) / f"train.{lang}" for lang in langs])
     return metrics
 
 
-def _with_dropout(tok_dir: Path, p: float) -> Tokenizer:
-    """A second copy of the (already checked) tokenizer that skips each merge with probability p."""
-    tok = load_tokenizer(tok_dir)
-    if not isinstance(tok.model, models.BPE):
+def _with_dropout(tok: Subwords, tok_dir: Path, p: float) -> Subwords:
+    """A copy of the (already checked) tokenizer that skips each merge with probability p."""
+    if tok.kind != "bpe":
         raise ConfigError(
-            f"shard.bpe_dropout is {p}, but {tok_dir} is a {type(tok.model).__name__} "
-            "tokenizer: BPE-dropout needs tokenizer.type: bpe (or set shard.bpe_dropout: 0)"
+            f"shard.bpe_dropout is {p}, but {tok_dir} is a {tok.kind} tokenizer: "
+            "BPE-dropout needs tokenizer.type: bpe (or set shard.bpe_dropout: 0)"
         )
-    tok.model.dropout = p
-    return tok
+    return tok.with_dropout(p)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,8 @@
-"""Train the subword vocabulary: joint BPE (paper en-de, §5.1) or WordPiece (paper en-fr).
+"""Train the subword vocabulary: joint BPE (paper en-de, §5.1), WordPiece (paper en-fr) or
+Unigram (SentencePiece's algorithm, Kudo 2018).
 
-One vocabulary is shared by source and target (§3.4 shares the embedding matrices too). Both
-types work on bytes (GPT-2's byte-level alphabet), so every line encodes without `<unk>` and
+One vocabulary is shared by source and target (§3.4 shares the embedding matrices too). Every
+type works on bytes (GPT-2's byte-level alphabet), so every line encodes without `<unk>` and
 decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (transformer/ids.py).
 
     python -m transformer.tokenizer data/raw data/tokenizer --metrics data/metrics/tokenizer.json
@@ -26,9 +27,16 @@ from transformer.sections.download import DownloadConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.tokenizer import TokenizerConfig
 from transformer.settings import ConfigError
-from transformer.vocab import CONT, FORMAT, TokenizerError, check_specials, load_tokenizer
+from transformer.vocab import (
+    CONT,
+    FORMAT,
+    Subwords,
+    TokenizerError,
+    check_specials,
+    load_tokenizer,
+)
 
-TYPES = ("bpe", "wordpiece")
+TYPES = ("bpe", "wordpiece", "unigram")
 BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols, sorted: deterministic
 
 
@@ -78,6 +86,10 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
     if cfg.type == "bpe":
         tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe")
         trainer = trainers.BpeTrainer(**common)
+    elif cfg.type == "unigram":  # prunes a large seed vocabulary by EM: no min_frequency
+        tok = _skeleton(models.Unigram(), "unigram")
+        del common["min_frequency"]
+        trainer = trainers.UnigramTrainer(**common, unk_token=SPECIALS[UNK_ID])
     else:
         tok = _skeleton(models.WordPiece(unk_token=SPECIALS[UNK_ID]), "wordpiece")
         # The trainer numbers new continuation units in hash-map order, and merge ties are
@@ -90,6 +102,9 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
     if cfg.type == "wordpiece":
         tok = _skeleton(_complete_wordpiece(tok, cfg.vocab_size), "wordpiece")
         tok.add_special_tokens(SPECIALS)  # already ids 0..3 of the vocabulary
+    elif cfg.type == "unigram":
+        tok = _skeleton(_canonical_unigram(tok), "unigram")
+        tok.add_special_tokens(SPECIALS)
     check_specials(tok, "trained tokenizer")
     return tok
 
@@ -111,6 +126,20 @@ def _complete_wordpiece(tok: Tokenizer, vocab_size: int) -> models.WordPiece:
         continuing_subword_prefix=CONT,
         max_input_chars_per_word=1_000_000,  # the default 100 would turn long words into <unk>
     )
+
+
+def _canonical_unigram(tok: Tokenizer) -> models.Unigram:
+    """The trained pieces in a fixed order with fixed scores. The trainer sums its statistics in
+    hash-map order, so scores differ in their last bits from run to run, and it scores the bytes
+    it never saw in the data lowest, 1e-4 apart, in hash-set order: rounded, those bytes tied,
+    and sorted by (score, piece), training is deterministic."""
+    vocab = json.loads(tok.to_str())["model"]["vocab"]  # [[piece, log prob], ...], specials first
+    specials, pieces = vocab[: len(SPECIALS)], vocab[len(SPECIALS) :]
+    floor = min(v for _, v in pieces)
+    unseen = floor + 1e-4 * (len(BYTES) + 1)  # the unseen bytes' scores lie below this
+    scored = [(p, round(floor if len(p) == 1 and v < unseen else v, 6)) for p, v in pieces]
+    scored.sort(key=lambda x: (-x[1], x[0]))
+    return models.Unigram([tuple(x) for x in specials] + scored, unk_id=UNK_ID)
 
 
 def training_sha256(files: list[Path]) -> str:
@@ -137,12 +166,12 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, meta: dict) -> None:
     write_json(out_dir / "meta.json", meta)
 
 
-def stats(tok: Tokenizer, lines: dict[str, list[str]]) -> dict[str, Any]:
+def stats(tok: Subwords, lines: dict[str, list[str]]) -> dict[str, Any]:
     """Per language: mean tokens per sentence, <unk> share, round-trip exact-match rate."""
     out: dict[str, Any] = {}
     for lang, text in lines.items():
-        ids = [e.ids for e in tok.encode_batch_fast(text)]
-        back = tok.decode_batch(ids, skip_special_tokens=False)
+        ids = tok.encode(text)
+        back = tok.decode(ids)
         n_tok = sum(map(len, ids))
         out[lang] = {
             "sentences": len(text),
@@ -153,7 +182,7 @@ def stats(tok: Tokenizer, lines: dict[str, list[str]]) -> dict[str, Any]:
     return out
 
 
-def keep(parent: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> Tokenizer:
+def keep(parent: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> Subwords:
     """A continued run's tokenizer: the parent's files as they are (not retrained), checked."""
     expect = {"type": cfg.type, "min_frequency": cfg.min_frequency}
     tok = load_tokenizer(parent, {**expect, "src_lang": langs[0], "tgt_lang": langs[1]})
@@ -187,6 +216,7 @@ def build(
         }
         with atomic_dir(out_dir) as tmp:
             save_tokenizer(tok, tmp, meta)
+        tok = Subwords(tok, cfg.type)
     valid = {
         lang: read_lines(Path(raw) / f"valid.{lang}", TokenizerError)
         for lang in langs
@@ -195,7 +225,7 @@ def build(
     kept = {"kept_from": str(parent)} if parent is not None else {}
     return {
         "type": cfg.type,
-        "vocab_size": tok.get_vocab_size(),
+        "vocab_size": tok.size,
         **kept,
         "valid": stats(tok, valid),
     }

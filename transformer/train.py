@@ -169,7 +169,7 @@ def train(
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
     precision = resolve_precision(tcfg.precision, device, "train.precision")
-    vocab, sha = load_tokenizer(tokenizer_dir).get_vocab_size(), tokenizer_sha256(tokenizer_dir)
+    vocab, sha = load_tokenizer(tokenizer_dir).size, tokenizer_sha256(tokenizer_dir)
     train_set = load_split(shards_dir, "train", sha)
     valid_set = load_split(shards_dir, "valid", sha)
     # The train shards' sha256s: with the same tokenizer they still change with shard.max_len or

@@ -1,10 +1,13 @@
-"""The retrain section's settings (params.yaml `retrain`): the promotion gate (flows/) and how a
-retrain starts, from scratch or from the champion, which the parent, tokenizer and train stages
-read in continue mode."""
+"""The retrain section's settings that stages read (params.yaml `retrain`): how a retrain starts,
+from scratch or from the champion, which the parent, tokenizer and train stages read. The
+section's flow-only settings (the promotion gate's margin, the continue mode's OOV limit) are
+transformer/sections/retrain_flow.py's, a module no stage imports, so that editing them reruns
+no stage."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from transformer.settings import ConfigError, at_least, choice
 
@@ -34,21 +37,16 @@ class ContinuationConfig:
 
 @dataclass
 class RetrainConfig:
-    """The promotion gate and how a retrain starts: from scratch, or from the champion (its
-    tokenizer kept, its weights trained on). The champion is a git tag (flows/registry.py);
-    `parent` names the version a continued run's data/parent holds."""
+    """How a retrain starts: from scratch, or from the champion (its tokenizer kept, its weights
+    trained on). The champion is a git tag (flows/registry.py); `parent` names the version a
+    continued run's data/parent holds."""
 
-    margin: float = 0.0  # promote a candidate only if its BLEU beats the champion's by more
+    # the section's keys that only the flows read (sections/retrain_flow.py): not read here
+    IGNORED: ClassVar[tuple[str, ...]] = ("margin", "max_oov_rate")
+
     mode: str = "scratch"  # scratch | continue (from the champion; falls back to scratch)
-    # continue falls back to scratch when this share of the new train data's words (of 2+
-    # bytes) is left to single bytes by the champion's tokenizer (the shard stage's oov_rate)
-    max_oov_rate: float = 0.01
     parent: str = ""  # the registry version in data/parent; set by the retrain flow
     continuation: ContinuationConfig = field(default_factory=ContinuationConfig)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.margin < float("inf"):  # NaN too: it would never promote
-            raise ConfigError(f"retrain.margin must be a number >= 0, got {self.margin}")
         choice("retrain.mode", self.mode, ("scratch", "continue"))
-        if not 0 <= self.max_oov_rate <= 1:
-            raise ConfigError(f"retrain.max_oov_rate must be in [0, 1], got {self.max_oov_rate}")

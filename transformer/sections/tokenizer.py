@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformer.settings import ConfigError
+from transformer.settings import choice
 
 
 @dataclass
 class TokenizerConfig:
-    type: str = "bpe"  # bpe (joint, paper en-de) | wordpiece (paper en-fr)
+    # bpe (joint, paper en-de) | wordpiece (paper en-fr) | unigram (SentencePiece's algorithm)
+    type: str = "bpe"
     vocab_size: int = 2000  # all units: 4 specials + 256 bytes (x2 for wordpiece) + merges
-    min_frequency: int = 2  # a merge must occur this often in the train split
+    min_frequency: int = 2  # a merge must occur this often in the train split (bpe, wordpiece)
 
     def __post_init__(self) -> None:
-        if self.type not in ("bpe", "wordpiece"):
-            raise ConfigError(f"tokenizer.type must be bpe or wordpiece, got {self.type!r}")
+        choice("tokenizer.type", self.type, ("bpe", "wordpiece", "unigram"))

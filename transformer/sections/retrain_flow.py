@@ -1,0 +1,31 @@
+"""The retrain section as the flows read it: the stages' settings (sections/retrain.py) plus those
+only the flows read, the promotion gate's margin and the continue mode's OOV limit. No stage
+imports this module, and no stage lists these keys in dvc.yaml, so editing them reruns nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from transformer.sections.retrain import RetrainConfig
+from transformer.settings import ConfigError
+
+
+@dataclass
+class RetrainFlowConfig(RetrainConfig):
+    """The whole `retrain` section: params.yaml's schema (transformer/config.py) and the flows'."""
+
+    IGNORED: ClassVar[tuple[str, ...]] = ()
+
+    margin: float = 0.0  # promote a candidate only if its BLEU beats the champion's by more
+    # continue falls back to scratch when this share of the new train data's words (of 2+
+    # bytes) is left to single bytes by the champion's tokenizer (vocab.Subwords.fit)
+    max_oov_rate: float = 0.01
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.margin < float("inf"):  # NaN too: it would never promote
+            raise ConfigError(f"retrain.margin must be a number >= 0, got {self.margin}")
+        if not 0 <= self.max_oov_rate <= 1:
+            raise ConfigError(f"retrain.max_oov_rate must be in [0, 1], got {self.max_oov_rate}")
