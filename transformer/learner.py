@@ -47,6 +47,17 @@ def to_device(b: Batch, device: torch.device) -> Batch:
     return Batch(*(t.pin_memory() for t in b)).to(device, non_blocking=True)
 
 
+# What the train stage says about its update (tests/test_cuda.py and the GPU check read these)
+CAPTURED = "captured (a CUDA graph per batch shape) update"
+EAGER = "eager update"
+STATIC = "static-shape batches"
+
+
+def update_text(graphs: bool, static: bool) -> str:
+    """The update's path as the train stage's first line says it, after "training in ...: "."""
+    return f"{CAPTURED if graphs else EAGER}, {STATIC if static else 'batches of any shape'}"
+
+
 def compile_model(module: nn.Module, backend: str = "inductor", dynamic: bool | None = True):
     """torch.compile of the loss, in one graph (fullgraph: a break is an error, not a slowdown);
     dynamic: one compile for every batch shape (False: one per shape)."""
@@ -105,11 +116,9 @@ class Learner:
         if graphs:
             from transformer.graphs import Graphs  # CUDA only
 
-            self.graphs = Graphs(self)
-        path = "captured (a CUDA graph per batch shape)" if graphs else "eager"
-        batches = "static-shape batches" if static else "batches of any shape"
+            self.graphs = Graphs(device)
         dist.print0(
-            f"training in {precision} on {device}: {path} update, {batches}"
+            f"training in {precision} on {device}: {update_text(graphs, static)}"
             + (", compiled loss" if compile else "")
         )
 
@@ -136,7 +145,7 @@ class Learner:
         # DDP averages over ranks: x world / n_tokens gives the per-token mean gradient
         self.scale.fill_(dist.world_size() / n_tokens)
         if self.graphs is not None:
-            self.graphs.step(batches)
+            self.graphs.step(self.update, batches)
         else:
             counts = None if self.static else [n_targets(b) for b in batches]
             self.update([to_device(b, self.device) for b in batches], counts)
