@@ -87,7 +87,7 @@ def test_graphs_warm_up_capture_on_the_third_sight_then_replay_into_the_same_buf
     for (name, a), b in zip(eager.model.named_parameters(), captured.model.parameters()):
         torch.testing.assert_close(a, b, msg=name)
     torch.testing.assert_close(eager.sums, captured.sums)
-    replay, inputs = next(iter(g.graphs.values()))
+    _, inputs = next(iter(g.graphs.values()))
     last = next(b for b in reversed(batches) if b.src.shape == inputs[0].src.shape)
     assert all(torch.equal(x, y) for x, y in zip(inputs[0], last))
 
