@@ -86,6 +86,7 @@ FULL = {
     "shapes": ("base", "big"),
     "vocab": 37_000,
     "sizes": (3125, 12500, 25000),
+    "pairs": peers.PAIRS,
     "warmup": 2,
     "steps": 12,
     "stage": {"seconds": 60, "vocab": 8000, "pairs": 50_000, "max_tokens": 3125, "threads": 0},
@@ -97,6 +98,7 @@ REDUCED = {
     "shapes": ("tiny",),
     "vocab": 1000,
     "sizes": (256, 512),
+    "pairs": 20_000,
     "warmup": 1,
     "steps": 2,
     "stage": {"seconds": 3, "vocab": 300, "pairs": 300, "max_tokens": 256, "threads": 1},
@@ -222,46 +224,62 @@ def _gpu_state() -> str | None:
         return None
 
 
-def train_contender(name: str, shape: str, work: dict, chk: Check) -> dict:
-    """A contender's figures at each batch size; MFU counts our parameters for every one."""
-    if name in gpu_train.OURS:  # the train stage's own update, on batches as it makes them
-        return gpu_train.contender(name, shape, list(work), chk.cfg, chk)
+def peer_step(name: str, shape: str, chk: Check):
+    """A peer's training step (its model built once for every size)."""
     V, dev = chk.cfg["vocab"], chk.device
     if name == "torch_transformer":
         torch.manual_seed(0)
         model, kind = peers.TorchTransformer(shape, V).to(dev), "torch"
     else:
         model, kind = peers.marian_from(peers.ours(shape, V, dev)), "marian"
-    step = peers.train_step(model, kind, chk.dtype)
-    out = {"params": peers.n_params(model)}
-    n, peak = peers.mfu_params(shape, V), chk.results["meta"]["peak_tflops"]
-    for size, batches in work.items():
-        out[str(size)] = peers.measure_steps(step, batches, chk.cfg["warmup"], n, peak)
-    return out
+    return peers.train_step(model, kind, chk.dtype), peers.n_params(model)
+
+
+def train_size(name: str, shape: str, size: int, chk: Check, peer: list) -> dict:
+    """A contender's figures at one batch size; MFU counts our parameters for every one."""
+    if name in gpu_train.OURS:  # the train stage's own update, on batches as it makes them
+        return gpu_train.contender(name, shape, size, chk.cfg, chk)
+    if not peer:
+        peer.extend(peer_step(name, shape, chk))
+    step, params = peer
+    n = chk.cfg["warmup"] + chk.cfg["steps"]
+    work = peers.train_batches(chk.cfg["vocab"], size, n, chk.device, pairs=chk.cfg["pairs"])
+    toks = sum(w.n_tgt for w in work)
+    fig = {
+        "params": params,
+        "tgt_pad_efficiency": round(toks / sum(w.tgt_out.numel() for w in work), 4),
+    }
+    n_mfu, peak = peers.mfu_params(shape, chk.cfg["vocab"]), chk.results["meta"]["peak_tflops"]
+    return {**fig, **peers.measure_steps(step, work, chk.cfg["warmup"], n_mfu, peak)}
 
 
 def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
+    """Each contender at each size, recorded (and saved) as it finishes: a failure or the budget
+    running out loses that size's figures only."""
     for shape in chk.cfg["shapes"]:
-        if chk.skip(f"train/{shape}/{','.join(names)}", need_s):
-            continue
-        n = chk.cfg["warmup"] + chk.cfg["steps"]
-        peer = any(name not in gpu_train.OURS for name in names)
-        work = {  # the peers' batches (today's sampler, on the device); ours makes its own
-            size: peers.train_batches(chk.cfg["vocab"], size, n, chk.device) if peer else None
-            for size in chk.cfg["sizes"]
-        }
-        chk.results.setdefault("train", {}).setdefault(shape, {})["params_mfu"] = peers.mfu_params(
-            shape, chk.cfg["vocab"]
-        )
+        runs = chk.results.setdefault("train", {}).setdefault(shape, {})
+        runs["params_mfu"] = peers.mfu_params(shape, chk.cfg["vocab"])
+        for size in chk.cfg["sizes"]:  # the check's batches: their padding, printed per size
+            stats = {
+                k: peers.draw_stats(size, k == "static", chk.cfg["pairs"])
+                for k in ("static", "any_shape")
+            }
+            runs.setdefault("draw", {})[str(size)] = stats
+            print(f"{shape} {size:,} tokens: {stats}", flush=True)
         for name in names:
             if name == "hf_marian" and _version("transformers") is None:
                 chk.results["skipped"].append(f"train/{shape}/hf_marian: no transformers")
                 continue
-            chk.run(
-                ("train", shape, name),
-                need_s,
-                lambda name=name, shape=shape, work=work: train_contender(name, shape, work, chk),
-            )
+            peer: list = []  # a peer's model, built at its first size
+            for size in chk.cfg["sizes"]:
+                chk.run(
+                    ("train", shape, name, str(size)),
+                    need_s,
+                    lambda name=name, size=size, peer=peer, shape=shape: train_size(
+                        name, shape, size, chk, peer
+                    ),
+                )
+            peer.clear()
 
 
 def section_stage(chk: Check) -> None:
@@ -314,6 +332,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.reduced and args.device == "cpu":
         torch.set_num_threads(1)  # tiny tensors gain nothing from threads; shared cores lose
     chk = Check(args)
+    chk.results["preflight"] = pre = gpu_sections.preflight(chk.device)
+    print(f"preflight: {pre}", flush=True)
+    if not pre["inductor"] and "compile" in sections:  # and the compiled test (section_tests)
+        sections.remove("compile")
+        why = ", ".join(pre["inductor_missing"])
+        chk.results["skipped"].append(f"compile (and the compiled CUDA test): no {why}")
     chk.save()
     shapes = chk.cfg["shapes"]
     # the figures first, the tests after them: a lease is short, and a rerun with --sections
@@ -329,12 +353,16 @@ def main(argv: list[str] | None = None) -> None:
         ("loss", lambda: gpu_sections.section_loss(chk)),
         ("decode", lambda: shapes[1:] and gpu_sections.section_decode(chk, shapes[1])),
     ]
+    times = chk.results.setdefault("sections_s", {})
     for section, fn in plan:
         if section in sections:
+            t = time.monotonic()
             try:  # a failure outside a measurement (building batches, say) ends the section only
                 fn()
             except Exception as e:  # noqa: BLE001
                 chk.results["errors"].append(f"{section}: {type(e).__name__}: {e}"[:2000])
+            times[section] = round(times.get(section, 0.0) + time.monotonic() - t, 1)
+            chk.save()
     chk.save()
     print(gpu_report.summary(chk.results))
 
