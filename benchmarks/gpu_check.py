@@ -5,7 +5,7 @@ profile.txt).
     PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check --out DIR --budget-s 480   # a GPU
     python -m benchmarks.gpu_check --out DIR --reduced --device cpu              # CI, seconds
 
-Sections (--sections; run in the order train, tests, stage, compile, decode (base), profile,
+Sections (--sections; run in the order train, tests, stage, decode (base), compile, profile,
 variants, loss, decode (big); each measurement is skipped when too little of --budget-s is
 left, and one running out of it is stopped):
 - train: base and big (Table 3; the presets' dropout), 37k shared vocabulary, bf16 autocast,
@@ -18,14 +18,17 @@ left, and one running out of it is stopped):
   cross-entropy on its logits (hf_marian), torch.nn.Transformer (torch_transformer). Target
   tokens/s (non-pad targets only) is the median over the timed steps (device events; after the
   warm-up steps and a first, cold pass over the same batches, kept as tokens_per_s_cold) of
-  each step's targets over its time. A captured contender first runs its batches 3 times
-  (2 eager updates and the capture per shape: prime_s, capture_s). Peak memory:
-  torch.cuda.max_memory_allocated.
+  each step's targets over its time. Ours runs each size on a Learner of its own, built after
+  the last was freed. A captured contender first runs its batches 3 times (2 eager updates
+  and the capture per shape: prime_s, capture_s, graphs; its cold rate is the first of
+  them). Peak memory: torch.cuda.max_memory_allocated, for ours from its Learner's build (its
+  graphs included). Lengths are drawn for 2^20 pairs (a real corpus's long buckets), the
+  targets' pad efficiency printed per size. Each size is recorded as it finishes.
 - stage: `python -m transformer.train` itself for 60 s of training (base, 3,125 tokens, a
   synthetic corpus of 50,000 pairs through the real tokenizer (8,000 units) and shard stages):
   its own logged tokens/s, so that its loader, clock and logging are seen not to be the limit.
 - compile: ours with the loss under torch.compile (inductor, one dynamic-shape compile) inside
-  the graphs (ours_compiled; compiling and capturing in prime_s).
+  the graphs (ours_compiled; compiling and capturing in prime_s), at 3,125 tokens.
 - tests: tests/test_cuda.py under pytest (exact SIGKILL resume in bf16 on the captured path
   and in fp16, the captured update = the eager one, decoding and the output loss on the GPU);
   `--noconftest`, as the GPU machine has no Prefect or DVC. On a CPU all skip.
@@ -47,6 +50,10 @@ MFU = 6 × N × target tokens/s / peak, N the trainable parameters with the shar
 output matrix counted once; attention's own FLOPs are not counted (as in the published
 anchors). Peak: the GPU's dense bf16 rate, 989 TFLOP/s for the H100 SXM and the H200, 756 for
 the H100 PCIe (others: --peak-tflops, or no MFU).
+
+A preflight (device, driver, free memory, torch and Triton, a C compiler and Python.h for
+Triton) runs first: what cannot run is skipped, with the reason, under "skipped". The CUDA tests
+run each under a limit (GPU_TEST_LIMIT_S, benchmarks/gpu_test_limit.py), failing by name.
 
 Decision rules, written before any GPU measured them (summary.md applies them; "a / b" is
 a's target tokens/s over b's):
@@ -282,6 +289,16 @@ def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
             peer.clear()
 
 
+def section_compile(chk: Check) -> None:
+    """ours_compiled at the presets' batch (what its rule reads): one inductor compile a model."""
+    sizes = chk.cfg["sizes"]
+    chk.cfg = {**chk.cfg, "sizes": sizes[:1]}
+    try:
+        section_train(chk, ("ours_compiled",), 5 if chk.args.reduced else 90)
+    finally:
+        chk.cfg = {**chk.cfg, "sizes": sizes}
+
+
 def section_stage(chk: Check) -> None:
     """The train stage itself (the first shape, the first size) for a minute, end to end."""
     c = chk.cfg["stage"]
@@ -346,8 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         ("train", lambda: section_train(chk)),
         ("tests", lambda: chk.run(("tests",), 30, lambda: gpu_sections.section_tests(chk))),
         ("stage", lambda: section_stage(chk)),
-        ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
         ("decode", lambda: gpu_sections.section_decode(chk, shapes[0])),
+        ("compile", lambda: section_compile(chk)),
         ("profile", lambda: gpu_sections.section_profile(chk)),
         ("variants", lambda: section_train(chk, ("ours_unfused_loss", "ours_torch_dropout"))),
         ("loss", lambda: gpu_sections.section_loss(chk)),

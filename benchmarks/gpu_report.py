@@ -108,8 +108,8 @@ def rules(r: dict, ratios: dict) -> list[str]:
     for variant, base, bar, floor, what in RULES:
         key = f"{variant}/{base}"
         at = [ratios["train"][s].get(PRESET_BATCH, {}).get(key) for s in shapes]
-        every = [x.get(key) for s in shapes for x in ratios["train"][s].values()]
-        if None in at or None in every:
+        every = [x[key] for s in shapes for x in ratios["train"][s].values() if x.get(key)]
+        if None in at:
             out.append(f"{what}: not measured")
             continue
         ok = all(x >= bar for x in at) and all(x >= floor for x in every)
