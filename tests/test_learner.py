@@ -139,3 +139,21 @@ def test_a_resumed_adam_keeps_how_this_run_built_it(how):
     torch.testing.assert_close(got["exp_avg"], saved.state[w]["exp_avg"])
     assert float(got["step"]) == 1.0
     assert state["param_groups"][0].get("capturable") is False  # the saved dict is not changed
+
+
+def test_a_compiled_learner_allows_a_graph_for_every_static_shape(capsys, monkeypatch):
+    """Compiled per shape (or a dynamic graph specialised), static batches' shapes (one per
+    length boundary) must not hit dynamo's recompile limit (8), which fullgraph makes an error."""
+    import torch._dynamo
+
+    from transformer.data import boundaries
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    mcfg = ModelConfig(**MODEL)
+    Learner(
+        mcfg, TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True, compile=True,
+        compile_backend="aot_eager", compile_dynamic=False,
+    )  # fmt: skip
+    shapes = len(boundaries(mcfg.max_positions))
+    assert torch._dynamo.config.recompile_limit == shapes + 1 > 8
+    assert f"a graph per shape (recompile limit {shapes + 1}" in capsys.readouterr().out

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer import dist
-from transformer.data import Batch
+from transformer.data import Batch, boundaries
 from transformer.ids import PAD_ID
 from transformer.model import Transformer
 from transformer.sections.model import ModelConfig
@@ -109,6 +109,17 @@ class Learner:
         self.forward = self.ddp
         if compile:
             self.forward = compile_model(self.ddp, compile_backend, compile_dynamic)
+            # static batches have at most one shape per length boundary: a compile per shape
+            # (or a dynamic graph a shape specialises) must not hit dynamo's limit of 8
+            shapes = len(boundaries(mcfg.max_positions))
+            limit = torch._dynamo.config.recompile_limit = max(
+                torch._dynamo.config.recompile_limit, shapes + 1
+            )
+            graphs_text = "one dynamic-shape graph" if compile_dynamic else "a graph per shape"
+            dist.print0(
+                f"train.compile: {graphs_text} (recompile limit {limit}: at most {shapes} "
+                f"batch shapes up to {mcfg.max_positions} positions)"
+            )
         # a captured update keeps its gradients (graphs write them in place), and autocast's
         # cache of cast weights must not outlive a capture
         self.keep_grads, self.autocast_cache = graphs, not graphs
