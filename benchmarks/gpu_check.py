@@ -5,7 +5,7 @@ profile.txt).
     PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu_check --out DIR --budget-s 480   # a GPU
     python -m benchmarks.gpu_check --out DIR --reduced --device cpu              # CI, seconds
 
-Sections (--sections; run in the order train, tests, stage, compile, decode (base), profile,
+Sections (--sections; run in the order train, tests, stage, decode (base), compile, profile,
 variants, loss, decode (big); each measurement is skipped when too little of --budget-s is
 left, and one running out of it is stopped):
 - train: base and big (Table 3; the presets' dropout), 37k shared vocabulary, bf16 autocast,
@@ -18,14 +18,17 @@ left, and one running out of it is stopped):
   cross-entropy on its logits (hf_marian), torch.nn.Transformer (torch_transformer). Target
   tokens/s (non-pad targets only) is the median over the timed steps (device events; after the
   warm-up steps and a first, cold pass over the same batches, kept as tokens_per_s_cold) of
-  each step's targets over its time. A captured contender first runs its batches 3 times
-  (2 eager updates and the capture per shape: prime_s, capture_s). Peak memory:
-  torch.cuda.max_memory_allocated.
+  each step's targets over its time. Ours runs each size on a Learner of its own, built after
+  the last was freed. A captured contender first runs its batches 3 times (2 eager updates
+  and the capture per shape: prime_s, capture_s, graphs; its cold rate is the first of
+  them). Peak memory: torch.cuda.max_memory_allocated, for ours from its Learner's build (its
+  graphs included). Lengths are drawn for 2^20 pairs (a real corpus's long buckets), the
+  targets' pad efficiency printed per size. Each size is recorded as it finishes.
 - stage: `python -m transformer.train` itself for 60 s of training (base, 3,125 tokens, a
   synthetic corpus of 50,000 pairs through the real tokenizer (8,000 units) and shard stages):
   its own logged tokens/s, so that its loader, clock and logging are seen not to be the limit.
 - compile: ours with the loss under torch.compile (inductor, one dynamic-shape compile) inside
-  the graphs (ours_compiled; compiling and capturing in prime_s).
+  the graphs (ours_compiled; compiling and capturing in prime_s), at 3,125 tokens.
 - tests: tests/test_cuda.py under pytest (exact SIGKILL resume in bf16 on the captured path
   and in fp16, the captured update = the eager one, decoding and the output loss on the GPU);
   `--noconftest`, as the GPU machine has no Prefect or DVC. On a CPU all skip.
@@ -47,6 +50,10 @@ MFU = 6 × N × target tokens/s / peak, N the trainable parameters with the shar
 output matrix counted once; attention's own FLOPs are not counted (as in the published
 anchors). Peak: the GPU's dense bf16 rate, 989 TFLOP/s for the H100 SXM and the H200, 756 for
 the H100 PCIe (others: --peak-tflops, or no MFU).
+
+A preflight (device, driver, free memory, torch and Triton, a C compiler and Python.h for
+Triton) runs first: what cannot run is skipped, with the reason, under "skipped". The CUDA tests
+run each under a limit (GPU_TEST_LIMIT_S, benchmarks/gpu_test_limit.py), failing by name.
 
 Decision rules, written before any GPU measured them (summary.md applies them; "a / b" is
 a's target tokens/s over b's):
@@ -86,6 +93,7 @@ FULL = {
     "shapes": ("base", "big"),
     "vocab": 37_000,
     "sizes": (3125, 12500, 25000),
+    "pairs": peers.PAIRS,
     "warmup": 2,
     "steps": 12,
     "stage": {"seconds": 60, "vocab": 8000, "pairs": 50_000, "max_tokens": 3125, "threads": 0},
@@ -97,6 +105,7 @@ REDUCED = {
     "shapes": ("tiny",),
     "vocab": 1000,
     "sizes": (256, 512),
+    "pairs": 20_000,
     "warmup": 1,
     "steps": 2,
     "stage": {"seconds": 3, "vocab": 300, "pairs": 300, "max_tokens": 256, "threads": 1},
@@ -222,46 +231,72 @@ def _gpu_state() -> str | None:
         return None
 
 
-def train_contender(name: str, shape: str, work: dict, chk: Check) -> dict:
-    """A contender's figures at each batch size; MFU counts our parameters for every one."""
-    if name in gpu_train.OURS:  # the train stage's own update, on batches as it makes them
-        return gpu_train.contender(name, shape, list(work), chk.cfg, chk)
+def peer_step(name: str, shape: str, chk: Check):
+    """A peer's training step (its model built once for every size)."""
     V, dev = chk.cfg["vocab"], chk.device
     if name == "torch_transformer":
         torch.manual_seed(0)
         model, kind = peers.TorchTransformer(shape, V).to(dev), "torch"
     else:
         model, kind = peers.marian_from(peers.ours(shape, V, dev)), "marian"
-    step = peers.train_step(model, kind, chk.dtype)
-    out = {"params": peers.n_params(model)}
-    n, peak = peers.mfu_params(shape, V), chk.results["meta"]["peak_tflops"]
-    for size, batches in work.items():
-        out[str(size)] = peers.measure_steps(step, batches, chk.cfg["warmup"], n, peak)
-    return out
+    return peers.train_step(model, kind, chk.dtype), peers.n_params(model)
+
+
+def train_size(name: str, shape: str, size: int, chk: Check, peer: list) -> dict:
+    """A contender's figures at one batch size; MFU counts our parameters for every one."""
+    if name in gpu_train.OURS:  # the train stage's own update, on batches as it makes them
+        return gpu_train.contender(name, shape, size, chk.cfg, chk)
+    if not peer:
+        peer.extend(peer_step(name, shape, chk))
+    step, params = peer
+    n = chk.cfg["warmup"] + chk.cfg["steps"]
+    work = peers.train_batches(chk.cfg["vocab"], size, n, chk.device, pairs=chk.cfg["pairs"])
+    toks = sum(w.n_tgt for w in work)
+    fig = {
+        "params": params,
+        "tgt_pad_efficiency": round(toks / sum(w.tgt_out.numel() for w in work), 4),
+    }
+    n_mfu, peak = peers.mfu_params(shape, chk.cfg["vocab"]), chk.results["meta"]["peak_tflops"]
+    return {**fig, **peers.measure_steps(step, work, chk.cfg["warmup"], n_mfu, peak)}
 
 
 def section_train(chk: Check, names=CONTENDERS, need_s: float = 20) -> None:
+    """Each contender at each size, recorded (and saved) as it finishes: a failure or the budget
+    running out loses that size's figures only."""
     for shape in chk.cfg["shapes"]:
-        if chk.skip(f"train/{shape}/{','.join(names)}", need_s):
-            continue
-        n = chk.cfg["warmup"] + chk.cfg["steps"]
-        peer = any(name not in gpu_train.OURS for name in names)
-        work = {  # the peers' batches (today's sampler, on the device); ours makes its own
-            size: peers.train_batches(chk.cfg["vocab"], size, n, chk.device) if peer else None
-            for size in chk.cfg["sizes"]
-        }
-        chk.results.setdefault("train", {}).setdefault(shape, {})["params_mfu"] = peers.mfu_params(
-            shape, chk.cfg["vocab"]
-        )
+        runs = chk.results.setdefault("train", {}).setdefault(shape, {})
+        runs["params_mfu"] = peers.mfu_params(shape, chk.cfg["vocab"])
+        for size in chk.cfg["sizes"]:  # the check's batches: their padding, printed per size
+            stats = {
+                k: peers.draw_stats(size, k == "static", chk.cfg["pairs"])
+                for k in ("static", "any_shape")
+            }
+            runs.setdefault("draw", {})[str(size)] = stats
+            print(f"{shape} {size:,} tokens: {stats}", flush=True)
         for name in names:
             if name == "hf_marian" and _version("transformers") is None:
                 chk.results["skipped"].append(f"train/{shape}/hf_marian: no transformers")
                 continue
-            chk.run(
-                ("train", shape, name),
-                need_s,
-                lambda name=name, shape=shape, work=work: train_contender(name, shape, work, chk),
-            )
+            peer: list = []  # a peer's model, built at its first size
+            for size in chk.cfg["sizes"]:
+                chk.run(
+                    ("train", shape, name, str(size)),
+                    need_s,
+                    lambda name=name, size=size, peer=peer, shape=shape: train_size(
+                        name, shape, size, chk, peer
+                    ),
+                )
+            peer.clear()
+
+
+def section_compile(chk: Check) -> None:
+    """ours_compiled at the presets' batch (what its rule reads): one inductor compile a model."""
+    sizes = chk.cfg["sizes"]
+    chk.cfg = {**chk.cfg, "sizes": sizes[:1]}
+    try:
+        section_train(chk, ("ours_compiled",), 5 if chk.args.reduced else 90)
+    finally:
+        chk.cfg = {**chk.cfg, "sizes": sizes}
 
 
 def section_stage(chk: Check) -> None:
@@ -314,6 +349,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.reduced and args.device == "cpu":
         torch.set_num_threads(1)  # tiny tensors gain nothing from threads; shared cores lose
     chk = Check(args)
+    chk.results["preflight"] = pre = gpu_sections.preflight(chk.device)
+    print(f"preflight: {pre}", flush=True)
+    if not pre["inductor"] and "compile" in sections:  # and the compiled test (section_tests)
+        sections.remove("compile")
+        why = ", ".join(pre["inductor_missing"])
+        chk.results["skipped"].append(f"compile (and the compiled CUDA test): no {why}")
     chk.save()
     shapes = chk.cfg["shapes"]
     # the figures first, the tests after them: a lease is short, and a rerun with --sections
@@ -322,19 +363,23 @@ def main(argv: list[str] | None = None) -> None:
         ("train", lambda: section_train(chk)),
         ("tests", lambda: chk.run(("tests",), 30, lambda: gpu_sections.section_tests(chk))),
         ("stage", lambda: section_stage(chk)),
-        ("compile", lambda: section_train(chk, ("ours_compiled",), 5 if args.reduced else 90)),
         ("decode", lambda: gpu_sections.section_decode(chk, shapes[0])),
+        ("compile", lambda: section_compile(chk)),
         ("profile", lambda: gpu_sections.section_profile(chk)),
         ("variants", lambda: section_train(chk, ("ours_unfused_loss", "ours_torch_dropout"))),
         ("loss", lambda: gpu_sections.section_loss(chk)),
         ("decode", lambda: shapes[1:] and gpu_sections.section_decode(chk, shapes[1])),
     ]
+    times = chk.results.setdefault("sections_s", {})
     for section, fn in plan:
         if section in sections:
+            t = time.monotonic()
             try:  # a failure outside a measurement (building batches, say) ends the section only
                 fn()
             except Exception as e:  # noqa: BLE001
                 chk.results["errors"].append(f"{section}: {type(e).__name__}: {e}"[:2000])
+            times[section] = round(times.get(section, 0.0) + time.monotonic() - t, 1)
+            chk.save()
     chk.save()
     print(gpu_report.summary(chk.results))
 

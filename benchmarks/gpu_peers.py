@@ -8,6 +8,7 @@ decoder start 1, eos 2), so every contender reads the same tensors.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -65,29 +66,64 @@ def random_ids(rng: np.random.Generator, length: int, vocab: int) -> np.ndarray:
     return np.append(rng.integers(4, vocab, length - 1), EOS_ID)
 
 
+# Pairs whose lengths the check draws: a real corpus's count (WMT14 en-de: 4.5M), so that long
+# buckets fill as they do in a real run (20,000 pairs left static batches' targets 55-73% real)
+PAIRS = 1 << 20
+
+
+@functools.lru_cache(maxsize=8)
+def sampler(max_tokens: int, static: bool, pairs: int = PAIRS, seed: int = 0) -> BatchSampler:
+    """The train stage's sampler over `pairs` pairs of TRAIN_LENGTHS (cached: seconds to build)."""
+    return BatchSampler(*lengths(pairs, seed), max_tokens, seed, static=static)
+
+
+@functools.lru_cache(maxsize=2)
+def lengths(pairs: int, seed: int) -> tuple[np.ndarray, ...]:
+    return pair_lengths(pairs, TRAIN_LENGTHS, seed)
+
+
+def draw_stats(max_tokens: int, static: bool, pairs: int = PAIRS, seed: int = 0) -> dict:
+    """An epoch of the check's batches: shapes, and the share of padded positions holding tokens
+    (both sides, as the train stage logs it; and of the targets alone, which tokens/s counts)."""
+    s = sampler(max_tokens, static, pairs, seed)
+    tgt = lengths(pairs, seed)[1]
+    if static:
+        padded = sum(r * L for r, L in s.shapes)
+    else:
+        padded = sum(len(b) * int(tgt[b].max()) for b in s.batches)
+    return {"pairs": pairs, **s.stats, "tgt_pad_efficiency": round(int(tgt.sum()) / padded, 4)}
+
+
 def train_batches(
-    vocab: int, max_tokens: int, n: int, device: torch.device | None, seed: int = 0, static=False
+    vocab: int,
+    max_tokens: int,
+    n: int,
+    device: torch.device | None,
+    seed: int = 0,
+    static: bool = False,
+    pairs: int = PAIRS,
 ) -> list[Work]:
     """n batches as the train stage makes them (BatchSampler: max_tokens padded positions per
-    side, length-bucketed, or of static shapes; shuffled) from 20,000 pairs of TRAIN_LENGTHS,
+    side, length-bucketed, or of static shapes; shuffled) from `pairs` pairs of TRAIN_LENGTHS,
     random units; on `device` (None: left on the host, for the train stage's update to copy)."""
-    src_lens, tgt_lens = pair_lengths(20_000, TRAIN_LENGTHS, seed)
+    src_lens, tgt_lens = lengths(pairs, seed)
     rng = np.random.default_rng(seed + 1)
     out = []
-    sampler = BatchSampler(src_lens, tgt_lens, max_tokens, seed, static=static)
-    for idx in sampler:
+    smp = sampler(max_tokens, static, pairs, seed)
+    smp.set_epoch(0)
+    for idx in smp:
         b = collate(
             [
                 (random_ids(rng, src_lens[i], vocab), random_ids(rng, tgt_lens[i], vocab))
                 for i in idx
             ],
-            sampler.shape,
+            smp.shape,
         )
         b = b if device is None else b.to(device)
         out.append(Work(*b, int(b.tgt_out.ne(PAD_ID).sum())))
         if len(out) == n:
             return out
-    raise ValueError(f"fewer than {n} batches of {max_tokens} tokens in 20,000 pairs")
+    raise ValueError(f"fewer than {n} batches of {max_tokens} tokens in {pairs:,} pairs")
 
 
 def test_set(n: int, vocab: int, seed: int = 2) -> tuple[list[list[int]], list[int]]:
@@ -297,6 +333,8 @@ def measure_steps(
     n_params: int,
     peak_tflops: float | None,
     device: torch.device | None = None,
+    cold: bool = True,
+    reset_peak: bool = True,
 ) -> dict:
     """`warmup` steps, then the rest twice: a first pass, each batch's shapes new to this
     process (cold), and the timed pass over the same batches, every shape seen once. Every
@@ -304,7 +342,8 @@ def measure_steps(
     shape (likely cuBLAS's kernel choice) is kept for the process, so a contender measured
     first on cold shapes would pay for the ones after it (seen on an H100: up to 1.6x).
     Target tokens/s (median over steps; the cold pass's too), MFU, peak memory, the first and
-    last timed loss per token."""
+    last timed loss per token. cold False: no first pass (a captured contender's priming was
+    it); reset_peak False: the peak since the caller's reset (a captured contender's graphs)."""
     dev = device or work[0].src.device  # (ours's batches stay on the host: its update copies)
     t = time.perf_counter()
     for b in work[:warmup]:
@@ -312,8 +351,8 @@ def measure_steps(
     sync(dev)
     warm_s = time.perf_counter() - t
     toks = [b.n_tgt for b in work[warmup:]]
-    cold, _ = timed(step, work[warmup:], dev)
-    if dev.type == "cuda":
+    first, _ = timed(step, work[warmup:], dev) if cold else (None, None)
+    if dev.type == "cuda" and reset_peak:
         torch.cuda.reset_peak_memory_stats(dev)
     times, losses = timed(step, work[warmup:], dev)
     rate = statistics.median(n / s for n, s in zip(toks, times))
@@ -321,7 +360,7 @@ def measure_steps(
     return {
         "tokens_per_s": round(rate),
         "tokens_per_s_total": round(sum(toks) / sum(times)),
-        "tokens_per_s_cold": round(statistics.median(n / s for n, s in zip(toks, cold))),
+        "tokens_per_s_cold": first and round(statistics.median(n / s for n, s in zip(toks, first))),
         "mfu": mfu,
         "step_ms_median": round(1e3 * statistics.median(times), 2),
         "steps": len(times),
@@ -329,6 +368,9 @@ def measure_steps(
         "warmup_s": round(warm_s, 2),
         "tgt_tokens_per_step": round(statistics.mean(toks)),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+        if dev.type == "cuda"
+        else None,
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved(dev) / 2**30, 2)
         if dev.type == "cuda"
         else None,
         "loss_first": round(float(losses[0]) / toks[0], 4),

@@ -108,8 +108,8 @@ def rules(r: dict, ratios: dict) -> list[str]:
     for variant, base, bar, floor, what in RULES:
         key = f"{variant}/{base}"
         at = [ratios["train"][s].get(PRESET_BATCH, {}).get(key) for s in shapes]
-        every = [x.get(key) for s in shapes for x in ratios["train"][s].values()]
-        if None in at or None in every:
+        every = [x[key] for s in shapes for x in ratios["train"][s].values() if x.get(key)]
+        if None in at:
             out.append(f"{what}: not measured")
             continue
         ok = all(x >= bar for x in at) and all(x >= floor for x in every)
@@ -216,6 +216,11 @@ def summary(r: dict) -> str:
         f"MFU = {m['mfu']}.",
         "",
     ]
+    if r.get("preflight"):
+        out += ["Preflight: " + ", ".join(f"{k} {v}" for k, v in r["preflight"].items()), ""]
+    if r.get("sections_s"):
+        times = ", ".join(f"{k} {v} s" for k, v in r["sections_s"].items())
+        out += [f"Section times: {times}.", ""]
     if "tests" in r:
         t = r["tests"]
         out += [f"Tests (`{t['command']}`): exit {t['exit_code']}, {t['summary']}", ""]
@@ -229,21 +234,36 @@ def summary(r: dict) -> str:
         out += [
             f"## Training, {shape} ({runs.get('params_mfu'):,} parameters)",
             "",
-            "| contender | tokens/side | target tok/s | cold tok/s | step ms | MFU | peak GiB | ours ÷ it |",
-            "|---|---|---|---|---|---|---|---|",
+            (
+                "| contender | tokens/side | target tok/s | cold tok/s | step ms | MFU | peak GiB "
+                "| tgt pad eff | prime s | graphs | ours ÷ it |"
+            ),
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, run in runs.items():
-            if not isinstance(run, dict):
+            if not isinstance(run, dict) or name == "draw":
                 continue
             for size, fig in ((k, v) for k, v in run.items() if k.isdigit()):
+                if "tokens_per_s" not in fig:
+                    continue
                 ratio = _div(_rate(runs.get("ours"), size), fig["tokens_per_s"])
                 out.append(
                     f"| {name} | {int(size):,} | {_fmt(fig['tokens_per_s'])} | "
                     f"{_fmt(fig.get('tokens_per_s_cold'))} | {_fmt(fig['step_ms_median'])} | "
                     f"{_fmt(fig['mfu'], True)} | {_fmt(fig['peak_mem_gib'])} | "
-                    f"{_fmt(ratio)} |"
+                    f"{_fmt(fig.get('tgt_pad_efficiency'), True)} | {_fmt(fig.get('prime_s'))} | "
+                    f"{_fmt(fig.get('graphs'))} | {_fmt(ratio)} |"
                 )
         out.append("")
+        draws = [
+            f"{int(size):,} tokens {_fmt(d['static']['tgt_pad_efficiency'], True)} static, "
+            f"{_fmt(d['any_shape']['tgt_pad_efficiency'], True)} any shape"
+            for size, d in (runs.get("draw") or {}).items()
+        ]
+        if draws:
+            pairs = next(iter(runs["draw"].values()))["static"]["pairs"]
+            out += [f"Targets' pad efficiency of an epoch ({pairs:,} pairs): {'; '.join(draws)}."]
+            out.append("")
     for shape, runs in (r.get("decode") or {}).items():
         w = runs.get("workload", {})
         out += [

@@ -4,9 +4,12 @@ benchmarks/gpu_check.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -125,7 +128,9 @@ def section_profile(chk) -> None:
         def one(shape=shape, name="ours") -> dict:
             le = gpu_train.learner(name, shape, chk.cfg["vocab"], chk.device, chk.dtype)
             step = gpu_train.learner_step(le)
-            work = peers.train_batches(chk.cfg["vocab"], size, 3, None, static=le.static)
+            work = peers.train_batches(
+                chk.cfg["vocab"], size, 3, None, static=le.static, pairs=chk.cfg["pairs"]
+            )
             for _ in range(gpu_train.PRIME if le.graphs is not None else 1):
                 for b in work:
                     step(b)
@@ -164,26 +169,65 @@ def section_profile(chk) -> None:
             chk.run(("profile", shape, name), 20, lambda shape=shape, name=name: one(shape, name))
 
 
-def section_tests(chk, limit_s: float = 300) -> dict:
-    """pytest on tests/test_cuda.py, its output in pytest.log (what it printed if it ran out
-    of time, too)."""
-    t = time.perf_counter()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",
-        "tests/test_cuda.py",
+def preflight(device: torch.device) -> dict:
+    """What the sections need, found in a few seconds: the device, its driver and free memory,
+    torch's and Triton's versions, and the C compiler and Python.h with which Triton builds
+    its launchers at run time (inductor: the compiled contender and test); `inductor` False
+    says those cannot run."""
+    out: dict = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    out["triton"] = _version("triton")
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        out["gpu_free_gib"], out["gpu_total_gib"] = round(free / 2**30, 1), round(total / 2**30, 1)
+        out["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        out["driver"] = _smi("driver_version")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    out["c_compiler"], out["python_h"] = cc, str(header) if header.exists() else None
+    missing = [
+        what
+        for what, ok in (
+            ("a C compiler (cc, gcc or clang; or $CC)", cc),
+            (f"Python.h ({header})", header.exists()),
+            ("triton", device.type != "cuda" or out["triton"]),
+        )
+        if not ok
     ]
+    out["inductor"] = not missing
+    out["inductor_missing"] = missing
+    return out
+
+
+def _smi(field: str) -> str | None:
+    try:
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def section_tests(chk, limit_s: float = 300, per_test_s: int = 150) -> dict:
+    """pytest on tests/test_cuda.py, each test stopped after per_test_s (failing by its name),
+    its output in pytest.log (what it printed if it ran out of time, too). Without what
+    inductor needs (the preflight), the compiled test is left out."""
+    t = time.perf_counter()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+    cmd += ["-p", "benchmarks.gpu_test_limit", "--noconftest", "tests/test_cuda.py"]
+    if not chk.results.get("preflight", {}).get("inductor", True):
+        cmd += ["-k", "not compiled"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TEST_LIMIT_S": str(per_test_s)}
     log = chk.args.out / "pytest.log"
     with open(log, "w") as f:
         try:
             code = subprocess.run(
                 cmd,
                 cwd=ROOT,
+                env=env,
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 check=False,
@@ -195,6 +239,8 @@ def section_tests(chk, limit_s: float = 300) -> dict:
     return {
         "exit_code": code,
         "summary": lines[-1] if lines else "",
+        "failed": [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))],
         "seconds": round(time.perf_counter() - t, 1),
+        "per_test_limit_s": per_test_s,
         "command": " ".join(cmd[2:]),
     }

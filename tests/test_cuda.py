@@ -27,6 +27,7 @@ from transformer.clock import Clock
 from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
 from transformer.incremental import Decoder
+from transformer.learner import update_text
 from transformer.model import Transformer
 from transformer.ops import output_loss
 from transformer.vocab import load_tokenizer
@@ -79,8 +80,7 @@ def test_sigkill_then_resume_is_bit_exact_on_the_gpu(corpus, tmp_path, precision
     out = kill_and_resume(corpus, tmp_path, precision=precision)
     assert f"training in {precision} on cuda" in out
     # train.static_shapes / graphs auto: bf16 resumes exactly on the captured path; fp16 is eager
-    path = "captured" if precision == "bf16" else "eager"
-    assert f"{path} update, static-shape batches" in out
+    assert update_text(graphs=precision == "bf16", static=True) in out
     ckpt = checkpoint.load(checkpoint.step_path(tmp_path / "full", 40))
     if precision == "fp16":  # gradient scaling ran, and its state is what resumed
         assert ckpt["scaler"]["scale"] > 0

@@ -100,6 +100,49 @@ def test_output_loss_under_bf16_autocast_keeps_fp32_grads(fused):
     torch.testing.assert_close(loss, ref, rtol=2e-2, atol=0.0)  # bf16 GEMMs
 
 
+def test_the_compiled_output_loss_is_one_graph_for_every_shape(monkeypatch):
+    """torch.compile(dynamic=True, fullgraph=True) of the chunked loss: one graph for 12 row
+    counts (the batch shapes' rows x length) over 2 epochs, no recompile, eager's figures. Its
+    chunk loop, traced, would guard on the row count: one graph per shape, an error at the
+    recompile limit (8)."""
+    import torch._dynamo
+    from torch._dynamo.backends.debugging import aot_eager
+    from torch._dynamo.utils import counters
+
+    from transformer import ops
+
+    monkeypatch.setattr(ops, "CHUNK_ELEMENTS_CPU", 50 * 16)  # 16 rows: several chunks a shape
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    def loss_fn(h, w, y, keep):
+        return output_loss(torch.tanh(h), w, y, 0.1, keep=keep)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(loss_fn, backend=backend, fullgraph=True, dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 8, generator=g, requires_grad=True)
+    try:
+        for _ in range(2):
+            for n in range(20, 80, 5):  # 12 row counts, each several chunks
+                h = torch.randn(n, 8, generator=g, requires_grad=True)
+                y, keep = torch.randint(0, 50, (n,), generator=g), torch.rand(n, generator=g) > 0.2
+                got = compiled(h, w, y, keep)
+                ref = loss_fn(h, w, y, keep)
+                torch.testing.assert_close(got, ref)
+                grads = torch.autograd.grad(got[0], (h, w))
+                torch.testing.assert_close(grads, torch.autograd.grad(ref[0], (h, w)))
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+        assert not counters["graph_break"]
+    finally:
+        torch._dynamo.reset()
+    assert len({id(gm) for gm in graphs}) <= 2  # one graph (a restart may trace it twice)
+
+
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
 HOLD = """
 import os, sys, torch

@@ -248,6 +248,26 @@ def test_one_compiled_graph_per_batch_shape_over_epochs():
 
 
 @pytest.mark.slow
+def test_the_dynamic_compiled_update_is_one_graph_over_a_dozen_shapes():
+    """train.compile's default (dynamic): one graph for every static batch shape, a batch of
+    each of 12+ shapes twice, where the traced chunk loop of the loss gave one per shape and an
+    error at the ninth (the recompile limit, 8, under fullgraph)."""
+    s, t = lengths(400, seed=8, longest=40)
+    sampler = BatchSampler(s, t, 120, 1, static=True)
+    data = pairs(s, t)
+    one = {}  # a batch of each shape
+    for idx in sampler:
+        one.setdefault(sampler.shape, collate([data[i] for i in idx], sampler.shape))
+    assert len(one) == sampler.stats["batch_shapes"] >= 12
+    with dynamo_counters() as counters:
+        le = learner(TrainConfig(), static=True, compile=True, compile_backend="aot_eager")
+        for b in [*one.values()] * 2:
+            le.step([b], float(n_targets(b)), 1e-3)
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+    assert torch.isfinite(le.sums).all()
+
+
+@pytest.mark.slow
 def test_static_shapes_resume_exactly_and_are_reported(corpus, tmp_path):  # noqa: F811
     out = kill_and_resume(corpus, tmp_path, static_shapes="on", update_freq=2)
     assert "eager update, static-shape batches" in out

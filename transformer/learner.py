@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer import dist
-from transformer.data import Batch
+from transformer.data import Batch, boundaries
 from transformer.ids import PAD_ID
 from transformer.model import Transformer
 from transformer.sections.model import ModelConfig
@@ -45,6 +45,17 @@ def to_device(b: Batch, device: torch.device) -> Batch:
     if device.type != "cuda":
         return b
     return Batch(*(t.pin_memory() for t in b)).to(device, non_blocking=True)
+
+
+# What the train stage says about its update (tests/test_cuda.py and the GPU check read these)
+CAPTURED = "captured (a CUDA graph per batch shape) update"
+EAGER = "eager update"
+STATIC = "static-shape batches"
+
+
+def update_text(graphs: bool, static: bool) -> str:
+    """The update's path as the train stage's first line says it, after "training in ...: "."""
+    return f"{CAPTURED if graphs else EAGER}, {STATIC if static else 'batches of any shape'}"
 
 
 def compile_model(module: nn.Module, backend: str = "inductor", dynamic: bool | None = True):
@@ -98,6 +109,17 @@ class Learner:
         self.forward = self.ddp
         if compile:
             self.forward = compile_model(self.ddp, compile_backend, compile_dynamic)
+            # static batches have at most one shape per length boundary: a compile per shape
+            # (or a dynamic graph a shape specialises) must not hit dynamo's limit of 8
+            shapes = len(boundaries(mcfg.max_positions))
+            limit = torch._dynamo.config.recompile_limit = max(
+                torch._dynamo.config.recompile_limit, shapes + 1
+            )
+            graphs_text = "one dynamic-shape graph" if compile_dynamic else "a graph per shape"
+            dist.print0(
+                f"train.compile: {graphs_text} (recompile limit {limit}: at most {shapes} "
+                f"batch shapes up to {mcfg.max_positions} positions)"
+            )
         # a captured update keeps its gradients (graphs write them in place), and autocast's
         # cache of cast weights must not outlive a capture
         self.keep_grads, self.autocast_cache = graphs, not graphs
@@ -105,11 +127,9 @@ class Learner:
         if graphs:
             from transformer.graphs import Graphs  # CUDA only
 
-            self.graphs = Graphs(self)
-        path = "captured (a CUDA graph per batch shape)" if graphs else "eager"
-        batches = "static-shape batches" if static else "batches of any shape"
+            self.graphs = Graphs(device)
         dist.print0(
-            f"training in {precision} on {device}: {path} update, {batches}"
+            f"training in {precision} on {device}: {update_text(graphs, static)}"
             + (", compiled loss" if compile else "")
         )
 
@@ -136,7 +156,7 @@ class Learner:
         # DDP averages over ranks: x world / n_tokens gives the per-token mean gradient
         self.scale.fill_(dist.world_size() / n_tokens)
         if self.graphs is not None:
-            self.graphs.step(batches)
+            self.graphs.step(self.update, batches)
         else:
             counts = None if self.static else [n_targets(b) for b in batches]
             self.update([to_device(b, self.device) for b in batches], counts)

@@ -62,6 +62,41 @@ CHUNK_ELEMENTS_CPU = 1 << 22
 CHUNK_ELEMENTS_GPU = 1 << 28
 
 
+def _chunks(h, weight, target, keep, eps: float, grads: bool, chunk: int, dtype):
+    """(loss, nll_sum, dL/dh, dL/dW) of _OutputCE's forward, dh and dW None without grads."""
+    with torch.autocast(h.device.type, enabled=False):
+        x_in, w = h.to(dtype), weight.to(dtype)
+        dh = torch.empty_like(h) if grads else None  # (N, D)
+        dw = torch.zeros_like(weight, dtype=torch.float32) if grads else None  # (V, D)
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        nll_sum = torch.zeros_like(loss)
+        V = w.size(0)
+        rows = max(1, chunk // V)
+        for i in range(0, h.size(0), rows):
+            hc, t = x_in[i : i + rows], target[i : i + rows, None]  # (n, D), (n, 1)
+            x = (hc @ w.t()).float()  # (n, V)
+            mean = x.mean(dim=-1)  # -mean_v log p_v = lse - mean_v logit_v
+            nll = -x.gather(1, t).squeeze(1)
+            m = x.amax(dim=-1, keepdim=True)
+            s = x.sub_(m).exp_().sum(dim=-1, keepdim=True)  # x: exp(logit - max)
+            lse = (m + s.log()).squeeze(1)
+            nll += lse
+            row_loss = (1.0 - eps) * nll + eps * (lse - mean)
+            if keep is not None:  # rows of padding: weight 0 (every_position)
+                k = keep[i : i + rows].to(torch.float32)
+                row_loss, nll = row_loss * k, nll * k
+            loss += row_loss.sum()
+            nll_sum += nll.sum()
+            if grads:  # d loss / d logit = softmax - (1-eps)·onehot - eps/V
+                g = x.div_(s).sub_(eps / V).scatter_add_(1, t, torch.full_like(x[:, :1], eps - 1.0))
+                if keep is not None:
+                    g = g.mul_(k[:, None])
+                g = g.to(dtype)
+                dh[i : i + rows] = g @ w
+                dw += g.t() @ hc  # (V, n) @ (n, D); addmm_ is no faster, and uncounted
+    return loss, nll_sum, dh, dw
+
+
 class _OutputCE(torch.autograd.Function):
     """The output projection and the label-smoothed cross-entropy as one op, row chunk by chunk.
 
@@ -74,55 +109,11 @@ class _OutputCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx,
-        h: Tensor,
-        weight: Tensor,
-        target: Tensor,
-        keep: Tensor | None,
-        eps: float,
-        grad_mode: bool,
-        chunk: int,
-    ):
-        dev = h.device.type  # autocast (bf16/fp16) sets the GEMMs' dtype; reductions stay fp32
-        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
-        with torch.autocast(dev, enabled=False):
-            x_in, w = h.to(dtype), weight.to(dtype)
-            # needs_input_grad holds under torch.no_grad() too (validation): ask grad_mode
-            grads = grad_mode and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
-            dh = torch.empty_like(h) if grads else None  # (N, D)
-            dw = torch.zeros_like(weight, dtype=torch.float32) if grads else None  # (V, D)
-            loss = torch.zeros((), dtype=torch.float32, device=h.device)
-            nll_sum = torch.zeros_like(loss)
-            V = w.size(0)
-            ctx.weight_dtype = weight.dtype
-            rows = max(1, chunk // V)
-            for i in range(0, h.size(0), rows):
-                hc, t = x_in[i : i + rows], target[i : i + rows, None]  # (n, D), (n, 1)
-                x = (hc @ w.t()).float()  # (n, V)
-                mean = x.mean(dim=-1)  # -mean_v log p_v = lse - mean_v logit_v
-                nll = -x.gather(1, t).squeeze(1)
-                m = x.amax(dim=-1, keepdim=True)
-                s = x.sub_(m).exp_().sum(dim=-1, keepdim=True)  # x: exp(logit - max)
-                lse = (m + s.log()).squeeze(1)
-                nll += lse
-                row_loss = (1.0 - eps) * nll + eps * (lse - mean)
-                if keep is not None:  # rows of padding: weight 0 (every_position)
-                    k = keep[i : i + rows].to(torch.float32)
-                    row_loss, nll = row_loss * k, nll * k
-                loss += row_loss.sum()
-                nll_sum += nll.sum()
-                if grads:  # d loss / d logit = softmax - (1-eps)·onehot - eps/V
-                    g = (
-                        x.div_(s)
-                        .sub_(eps / V)
-                        .scatter_add_(1, t, torch.full_like(x[:, :1], eps - 1.0))
-                    )
-                    if keep is not None:
-                        g = g.mul_(k[:, None])
-                    g = g.to(dtype)
-                    dh[i : i + rows] = g @ w
-                    dw += g.t() @ hc  # (V, n) @ (n, D); addmm_ is no faster, and uncounted
+    def forward(ctx, h, weight, target, keep, eps: float, grad_mode: bool, chunk: int, dtype):
+        # needs_input_grad holds under torch.no_grad() too (validation): ask grad_mode
+        grads = grad_mode and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        loss, nll_sum, dh, dw = _chunks(h, weight, target, keep, eps, grads, chunk, dtype)
+        ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(dh, dw)
         ctx.mark_non_differentiable(nll_sum)  # for logging only
         return loss, nll_sum
@@ -130,7 +121,51 @@ class _OutputCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll: Tensor):
         dh, dw = ctx.saved_tensors
-        return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None, None, None
+        out = dh * g_loss, (dw * g_loss).to(ctx.weight_dtype)
+        return *out, None, None, None, None, None, None
+
+
+# Under torch.compile, the same computation as an opaque custom op: dynamo would unroll the
+# chunk loop, guard on the row count (rows x length of the batch) and so compile once per batch
+# shape even with dynamic=True, failing at the recompile limit; opaque, the loss is one node of
+# one dynamic-shape graph (tests/test_static.py counts them).
+@torch.library.custom_op("transformer::output_ce", mutates_args=())
+def _output_ce(
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    keep: Tensor | None,
+    eps: float,
+    grads: bool,
+    chunk: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    loss, nll_sum, dh, dw = _chunks(h, weight, target, keep, eps, grads, chunk, dtype)
+    if not grads:  # a custom op returns tensors: empty ones stand for "none computed"
+        dh, dw = h.new_empty(0), weight.new_empty(0, dtype=torch.float32)
+    return loss, nll_sum, dh, dw
+
+
+@_output_ce.register_fake
+def _(h, weight, target, keep, eps, grads, chunk, dtype):
+    loss = h.new_empty((), dtype=torch.float32)
+    if not grads:
+        return loss, torch.empty_like(loss), h.new_empty(0), weight.new_empty(0).float()
+    return loss, torch.empty_like(loss), torch.empty_like(h), torch.empty_like(weight).float()
+
+
+def _output_ce_context(ctx, inputs, output):
+    ctx.weight_dtype = inputs[1].dtype
+    ctx.save_for_backward(output[2], output[3])
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _output_ce_backward(ctx, g_loss, g_nll, g_dh, g_dw):
+    dh, dw = ctx.saved_tensors
+    return dh * g_loss, (dw * g_loss).to(ctx.weight_dtype), None, None, None, None, None, None
+
+
+_output_ce.register_autograd(_output_ce_backward, setup_context=_output_ce_context)
 
 
 def output_loss(
@@ -144,8 +179,13 @@ def output_loss(
     that F.linear + F.cross_entropy, the (N, V) logits whole.
     """
     if fused:
-        chunk = CHUNK_ELEMENTS_CPU if h.device.type == "cpu" else CHUNK_ELEMENTS_GPU
-        return _OutputCE.apply(h, weight, target, keep, eps, torch.is_grad_enabled(), chunk)
+        dev = h.device.type  # autocast (bf16/fp16) sets the GEMMs' dtype; reductions stay fp32
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+        chunk = CHUNK_ELEMENTS_CPU if dev == "cpu" else CHUNK_ELEMENTS_GPU
+        if torch.compiler.is_compiling():
+            grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+            return _output_ce(h, weight, target, keep, eps, grads, chunk, dtype)[:2]
+        return _OutputCE.apply(h, weight, target, keep, eps, torch.is_grad_enabled(), chunk, dtype)
     logits = F.linear(h, weight).float()  # (N, V); fp32 statistics under autocast, as fused
     if keep is not None:
         target = target.masked_fill(~keep, -100)  # F.cross_entropy's ignore_index

@@ -129,10 +129,26 @@ def write_checkpoint(ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int) -> Pa
     return path
 
 
+# How this run's Adam steps, not the saved run's: Optimizer.load_state_dict restores a group's
+# every key, so a checkpoint of an eager run (a CPU, fp16, graphs off) would turn a captured
+# update's capturable Adam back into one whose capture fails.
+HOW = ("capturable", "fused", "foreach", "differentiable")
+
+
+def load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """opt's saved state (moments, steps, rate), its param groups keeping HOW as built now; the
+    step counts land where that wants them (the device for capturable or fused)."""
+    groups = [
+        {**saved, **{k: now[k] for k in HOW if k in now}}
+        for saved, now in zip(state["param_groups"], opt.param_groups)
+    ]
+    opt.load_state_dict({**state, "param_groups": groups})
+
+
 def restore(ckpt: dict[str, Any], path: str, model, opt, scaler, sampler) -> tuple[int, float]:
     """Load weights, Adam, scaler, data position and this rank's RNG; (step, seconds)."""
     checkpoint.load_weights(model, ckpt, path)
-    opt.load_state_dict(ckpt["optimizer"])
+    load_optimizer(opt, ckpt["optimizer"])
     if scaler.is_enabled() and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
     rng = ckpt["rng"][dist.rank()]

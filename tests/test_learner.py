@@ -1,0 +1,159 @@
+"""The Learner's captured path on a CPU (graphs.py's bookkeeping with its CUDA parts replaced),
+a dropped Learner freed without a garbage collection, the line it prints about its update (the
+one tests/test_cuda.py looks for), and a resumed Adam that steps as this run built it."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections import Counter
+
+import pytest
+import torch
+from test_static import MODEL, V, lengths, pairs
+from torch import Tensor
+
+from transformer import graphs, learner, resume
+from transformer.config import ModelConfig, TrainConfig
+from transformer.data import BatchSampler, collate
+from transformer.learner import Learner, n_targets
+
+
+class CpuGraphs(graphs.Graphs):
+    """graphs.Graphs with its CUDA parts on the CPU: a warm-up runs the update, a capture runs
+    nothing and returns a replay that reruns the update on the buffers it was captured with (a
+    graph's kernels read those addresses), holding the update weakly (a CUDA graph holds
+    kernels and memory, not the Learner)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple]] = []
+        super().__init__(torch.device("cpu"))
+
+    def side_stream_and_pool(self):
+        return None, None
+
+    def load(self, inputs, batches):
+        for dst, src in zip(inputs, batches):
+            for d, s in zip(dst, src):
+                d.copy_(s)
+
+    def warm(self, update, inputs):
+        self.calls.append(("warm", inputs[0].src.shape))
+        update(inputs, None)
+
+    def capture(self, update, inputs):
+        self.calls.append(("capture", inputs[0].src.shape))
+        weak = weakref.WeakMethod(update)
+
+        def replay():
+            self.calls.append(("replay", inputs[0].src.shape))
+            weak()(inputs, None)
+
+        return replay
+
+
+def cpu_learner(captured: bool) -> Learner:
+    """fp32, no dropout, static shapes; captured: CpuGraphs in place of graphs.Graphs."""
+    torch.manual_seed(0)
+    le = Learner(
+        ModelConfig(**MODEL), TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True
+    )
+    if captured:  # as Learner(graphs=True) sets them on CUDA
+        le.graphs, le.keep_grads, le.autocast_cache = CpuGraphs(), True, False
+    return le
+
+
+def static_batches(n: int, seed: int = 3) -> list:
+    s, t = lengths(n, seed=seed, longest=14)
+    sampler = BatchSampler(s, t, 48, 1, static=True)
+    data = pairs(s, t)
+    return [collate([data[i] for i in idx], sampler.shape) for idx in sampler]
+
+
+def test_graphs_warm_up_capture_on_the_third_sight_then_replay_into_the_same_buffers():
+    eager, captured = cpu_learner(False), cpu_learner(True)
+    batches = static_batches(40) * 4  # 4 epochs: every shape met at least 4 times
+    for k, b in enumerate(batches):
+        for le in (eager, captured):
+            le.step([b], float(n_targets(b)), 1e-3 * (1 + k % 3))
+    g = captured.graphs
+    shapes = Counter(b.src.shape for b in batches)
+    assert len(shapes) > 2 and len(g.graphs) == len(shapes)  # one entry per shape
+    for shape, met in shapes.items():
+        calls = [kind for kind, s in g.calls if s == shape]
+        assert calls == ["warm"] * graphs.WARMUP + ["capture"] + ["replay"] * (met - graphs.WARMUP)
+    # a replay reads the buffers it was captured with, each batch copied into them: what it
+    # computes is the eager update's, batch after batch
+    for (name, a), b in zip(eager.model.named_parameters(), captured.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    torch.testing.assert_close(eager.sums, captured.sums)
+    _, inputs = next(iter(g.graphs.values()))
+    last = next(b for b in reversed(batches) if b.src.shape == inputs[0].src.shape)
+    assert all(torch.equal(x, y) for x, y in zip(inputs[0], last))
+
+
+def test_a_dropped_learner_is_freed_without_a_garbage_collection():
+    gc.collect()
+    gc.disable()
+    try:
+        le = cpu_learner(True)
+        for b in static_batches(12) * 3:  # warm-ups, captures and replays
+            le.step([b], float(n_targets(b)), 1e-3)
+        assert le.graphs.graphs
+        ref, model = weakref.ref(le), weakref.ref(le.model)
+        del le
+        assert ref() is None and model() is None  # no reference cycle kept them
+    finally:
+        gc.enable()
+
+
+def test_the_update_line_is_the_one_the_gpu_tests_look_for(capsys):
+    cpu_learner(False)
+    out = capsys.readouterr().out
+    assert f"training in fp32 on cpu: {learner.update_text(False, True)}" in out
+    # tests/test_cuda.py asserts update_text(True, True) in the bf16 train stage's output
+    assert learner.update_text(True, True) == (
+        "captured (a CUDA graph per batch shape) update, static-shape batches"
+    )
+
+
+def adam(params: list[Tensor], **how) -> torch.optim.Adam:
+    return torch.optim.Adam(params, lr=torch.tensor(1e-3, dtype=torch.float64), **how)
+
+
+@pytest.mark.parametrize("how", [{"capturable": True}, {"fused": True}])
+def test_a_resumed_adam_keeps_how_this_run_built_it(how):
+    """A checkpoint of an eager run's Adam, loaded into a captured run's (capturable) or a
+    fused one: the saved moments and steps, this run's flags."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    saved = adam([w])
+    w.grad = torch.randn(4, 3)
+    saved.step()
+    state = saved.state_dict()
+    now = adam([torch.nn.Parameter(w.detach().clone())], **how)
+    resume.load_optimizer(now, state)
+    group = now.param_groups[0]
+    assert all(group[k] == v for k, v in how.items())
+    got = now.state[group["params"][0]]
+    torch.testing.assert_close(got["exp_avg"], saved.state[w]["exp_avg"])
+    assert float(got["step"]) == 1.0
+    assert state["param_groups"][0].get("capturable") is False  # the saved dict is not changed
+
+
+def test_a_compiled_learner_allows_a_graph_for_every_static_shape(capsys, monkeypatch):
+    """Compiled per shape (or a dynamic graph specialised), static batches' shapes (one per
+    length boundary) must not hit dynamo's recompile limit (8), which fullgraph makes an error."""
+    import torch._dynamo
+
+    from transformer.data import boundaries
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    mcfg = ModelConfig(**MODEL)
+    Learner(
+        mcfg, TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True, compile=True,
+        compile_backend="aot_eager", compile_dynamic=False,
+    )  # fmt: skip
+    shapes = len(boundaries(mcfg.max_positions))
+    assert torch._dynamo.config.recompile_limit == shapes + 1 > 8
+    assert f"a graph per shape (recompile limit {shapes + 1}" in capsys.readouterr().out
