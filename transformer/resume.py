@@ -155,7 +155,10 @@ def load_resume(
         remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
         stale = checkpoint.list_checkpoints(ckpt_dir)
         if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
-            dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
+            dist.print0(
+                f"not resuming ({why}): {len(stale)} checkpoint(s) of an earlier run in "
+                f"{ckpt_dir} removed; this run counts its steps from 1"
+            )
             for p in stale:
                 p.unlink()
         if path is None:  # the unreadable ones of the run that is being replaced
