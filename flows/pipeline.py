@@ -196,8 +196,15 @@ def publish(ws: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
     gaps = lineage.missing(record, dag)
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
     rows += [{"field": "missing", "value": g} for g in gaps]
-    create_table_artifact(
-        rows, key="lineage", description="Score -> inputs: " + record["experiment"]
+    bleu = record.get("bleu")
+    create_table_artifact(  # its description is what `python -m flows.run --wait` prints
+        rows,
+        key="lineage",
+        description=(
+            f"experiment {record['experiment']}: BLEU "
+            + ("-" if bleu is None else f"{float(bleu):.2f}")
+            + f" (through the gate: python -m flows.promote {record['experiment']})"
+        ),
     )
     html = ws / "dvc_plots" / record["experiment"]
     html.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from prefect.runtime import flow_run
 from flows import lineage, registry
 from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
-from flows.promote import decide, report, retrain_margin
+from flows.promote import decide, report, retrain_margin, summary
 from flows.shell import apply_params, logger, workspace_lock
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
@@ -176,8 +176,8 @@ def retrain(
         }
         if not changed:
             out["reason"] = (
-                f"data, code and recipe unchanged since the champion "
-                f"({champion.get('version')}); nothing retrained"
+                f"data, code and recipe unchanged since the champion {champion.get('version')} "
+                f"({champion.get('experiment')}): nothing retrained"
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
@@ -194,11 +194,16 @@ def retrain(
                     candidate["experiment_commit"],
                     margin,
                     f"retrain flow run {flow_run.get_id()}",
+                    trained=how,
                 )
             )
             out["stages"] = candidate["stages"]
             out["trained"] = how
             out["reason"] = f"{', '.join(changed)} changed; trained {how}; {out['reason']}"
     logger().info("retrain: %s", out["reason"])
-    create_markdown_artifact(report(out, "Retrain"), key="retrain-decision")
+    create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
+        report(out, "Retrain"),
+        key="retrain-decision",
+        description=summary(out) if out["retrained"] else out["reason"],
+    )
     return out

@@ -207,15 +207,12 @@ def test_fallback_names_each_setting_that_does_not_fit():
     ]
 
 
-def test_the_continuations_rate_never_exceeds_the_champions_last_by_more_than_its_factor(
-    champion, tmp_path
-):
+def test_the_continuations_rate_never_exceeds_the_champions_last_by_more_than_its_factor():
     """The rate goes on from where the champion's §5.3 schedule ended (its package's warmup and
     scale, its update count), re-warmed from 0: never above lr_factor x its last rate, whatever
     the model size or where the champion stopped (the fixed warmup 50 / scale 0.5 it replaces
     climbed to 2.7x on the demo and undid the champion's training)."""
-    from transformer.parent import Continuation, continuation
-    from transformer.sections.retrain import ContinuationConfig
+    from transformer.parent import Continuation
     from transformer.sections.train import TrainConfig
     from transformer.train import rate
 
@@ -233,7 +230,16 @@ def test_the_continuations_rate_never_exceeds_the_champions_last_by_more_than_it
         assert rates[0] < rates[29] and rates[29] == pytest.approx(
             factor * c.base(updates + 30, d_model) if updates >= warmup else factor * last
         )
-    # from a real package: its steps and the train settings it was trained with
+
+
+@pytest.mark.slow
+def test_a_continuation_trains_at_its_champions_rate(champion, tmp_path):
+    """From a real package: its steps and the train settings it was trained with; the stage's
+    logged rates stay under the champion's last one."""
+    from transformer.parent import continuation
+    from transformer.sections.retrain import ContinuationConfig
+    from transformer.sections.train import TrainConfig
+
     raw, pkg = champion
     c = continuation(pkg, ContinuationConfig(), TrainConfig(warmup_steps=1, lr_scale=9.0))
     theirs = yaml.safe_load((pkg / "params.yaml").read_text())["train"]

@@ -44,7 +44,7 @@ def preset(corpus: Path) -> dict:
         "retrain": {
             "mode": "continue",
             "max_oov_rate": 0.4,  # this tiny vocabulary leaves ~1/4 of its own words to bytes
-            "continuation": {"max_steps": 150, "warmup_steps": 20, "lr_scale": 0.3},
+            "continuation": {"max_steps": 150},  # the default rate: the champion's own
         },
     }
 
