@@ -5,6 +5,7 @@ in a fresh clone and translating."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from prefect_fixtures import (
+    BIN,
     DVC,
     ROOT,
     artifact,
@@ -26,6 +28,7 @@ from prefect_fixtures import (
     sh,
     wait_until,
 )
+from test_flows_outcomes import walkthrough
 
 from flows.workspace import WORKSPACE
 
@@ -159,21 +162,11 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     # another machine: a fresh clone fetches the champion and translates with it
     fresh = fetch_champion(project, tmp_path)
     src = "Lena bought 28 apples.\n\nThe meeting is at 3:35 PM.\n"
-    (fresh / "in.txt").write_text(src)
-    sh(
-        sys.executable,
-        "-m",
-        "transformer.decode",
-        "--model",
-        "champion",
-        "-i",
-        "in.txt",
-        "-o",
-        "out.txt",
-        "--no-progress",
-        cwd=fresh,
-    )
-    assert len((fresh / "out.txt").read_text().split("\n")) == 4  # 3 lines, the blank one kept
+    (fresh / "in.en").write_text(src)
+    translate = walkthrough()[-1]  # docs/orchestration.md's command, as it is written there
+    assert translate == shlex.split("transformer-translate --model champion -i in.en -o out.de")
+    sh(str(BIN / translate[0]), *translate[1:], cwd=fresh)
+    assert len((fresh / "out.de").read_text().split("\n")) == 4  # 3 lines, the blank one kept
     champion = json.loads((fresh / "champion/lineage.json").read_text())
     assert champion["bleu"] == float(record["bleu"])
     assert champion["lineage"]["model_sha256"] == record["model_sha256"]
