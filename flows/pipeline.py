@@ -255,8 +255,11 @@ def run_experiment(
     """The stages in the prepared workspace `ws` (at `commit`, the recipe applied), the experiment
     saved and published; its record. pipeline() and retrain() share it after their preamble."""
     dag = read_dag(ws)
-    stages = run_stages(ws, dag, download_retries, retry_delay_s)
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    # the train stage records it in its checkpoints: a later run that goes on from them (the
+    # workspace keeps one set) says from which experiment, at which step
+    os.environ["TRANSFORMER_RUN"] = name
+    stages = run_stages(ws, dag, download_retries, retry_delay_s)
     recipe = {"preset": preset, "overrides": overrides}
     exp_commit = save_experiment(ws, dag, name, recipe)
     record = lineage.lineage(

@@ -125,6 +125,7 @@ def rows(project: Path) -> list[list[str]]:
     for e in exps:
         entry = shown.get(e["commit"], {})
         scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
+        seconds, began = own_time(trained, e["name"])
         out.append(
             row(
                 e["commit"] == champion,
@@ -134,8 +135,9 @@ def rows(project: Path) -> list[list[str]]:
                 recipe(project, e["commit"]),
                 pick(scores, FIELDS["bleu"][1]),
                 pick(trained, ("step",)),
-                pick(trained, ("train/seconds",)),
+                seconds,
                 decided.pop(e["commit"], []),
+                began,
             )
         )
     for commit, ds in decided.items():  # decisions on experiments this clone does not have
@@ -157,7 +159,19 @@ def rows(project: Path) -> list[list[str]]:
     return out + failed_runs(project)
 
 
-def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds) -> list[str]:
+def own_time(trained: dict[str, Any], name: str) -> tuple[Any, str | None]:
+    """The run's own training seconds, and where it began when it went on from another run's
+    checkpoints (the train stage's `origin`): those seconds were that run's."""
+    seconds, origin = pick(trained, ("train/seconds",)), trained.get("origin/from")
+    if not origin or origin == name:
+        return seconds, None
+    began = f"started from {origin} at step {trained.get('origin/step')}"
+    if isinstance(seconds, int | float):
+        seconds -= float(trained.get("origin/seconds") or 0.0)
+    return seconds, began
+
+
+def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds, began=None):
     """A table row, WIDE's columns, "-" where unknown."""
     cells = [
         "*" if champion else "",
@@ -168,7 +182,7 @@ def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds) -> l
         number(bleu),
         steps,
         duration(seconds),
-        "; ".join(d["verdict"] for d in ds),
+        "; ".join([*([began] if began else []), *(d["verdict"] for d in ds)]),
         "; ".join(d["trained"] for d in ds if d.get("trained")),
     ]
     return ["-" if c is None else str(c) for c in cells]
@@ -195,6 +209,7 @@ def failed_runs(project: Path) -> list[list[str]]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
+        FlowRunFilterState,
         FlowRunFilterStateType,
         FlowRunFilterTags,
     )
@@ -208,7 +223,9 @@ def failed_runs(project: Path) -> list[list[str]]:
                 runs = client.read_flow_runs(
                     flow_run_filter=FlowRunFilter(
                         tags=FlowRunFilterTags(all_=[tag]),
-                        state=FlowRunFilterStateType(any_=[StateType.FAILED, StateType.CRASHED]),
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.FAILED, StateType.CRASHED])
+                        ),
                     ),
                     sort=FlowRunSort.START_TIME_ASC,
                 )

@@ -102,7 +102,10 @@ def outcome(client, run) -> list[str]:
     )
 
     logs = client.read_logs(
-        LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]), level=LogFilterLevel(ge_=30)),
+        # warnings only: a failure's errors are its state message, printed last
+        LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[run.id]), level=LogFilterLevel(ge_=30, le_=39)
+        ),
         limit=50,
     )
     arts = client.read_artifacts(

@@ -6,6 +6,7 @@ prints, and `make results` in that clone."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -42,7 +43,9 @@ def runnable(argv: list[str], subst: dict[str, str]) -> list[str]:
     head = {"python": [sys.executable], "dvc": list(DVC)}.get(argv[0], [argv[0]])
     if argv[0] == "transformer-translate":
         head = [str(BIN / argv[0])]
-    return head + [subst.get(a, a) for a in argv[1:]]
+    for key, value in subst.items():
+        argv = [a.replace(key, value) for a in argv]
+    return head + argv[1:]
 
 
 def run(argv: list[str], cwd: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -127,3 +130,46 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
     row = next(line for line in r.stdout.splitlines() if name in line)
     assert row.split()[:8] == ["*", name, "v1.0.0", "-", "demo", "60.00", "600", "-"], row
     print(r.stdout)  # the doc's example
+
+
+def test_a_run_that_went_on_from_another_runs_checkpoints_says_so_with_its_own_time(
+    tmp_path: Path,
+) -> None:
+    """The run workspace keeps one set of checkpoints, and a run that differs from the last only
+    in max_steps goes on from them: the real train stage records from which run, at which step
+    (a retry of its own keeps that), and make results counts only the run's own seconds."""
+    import json
+
+    from test_train import download, shard, tokenizer, write_params
+
+    from flows import results
+
+    p = str(write_params(tmp_path / "params.yaml", max_steps=4))
+    download.main([str(tmp_path / "raw"), "--params", p])
+    tokenizer.main([str(tmp_path / "raw"), str(tmp_path / "tok"), "--params", p])
+    shard.main(
+        [str(tmp_path / "raw"), str(tmp_path / "tok"), str(tmp_path / "shards"), "--params", p]
+    )
+    live = tmp_path / "live"
+
+    def train(run_name: str, steps: int) -> dict:
+        params = write_params(tmp_path / f"{run_name}-{steps}.yaml", max_steps=steps)
+        args = [str(tmp_path / d) for d in ("shards", "tok", "ckpt")]
+        cmd = [sys.executable, "-m", "transformer.train", *args, "--live", str(live)]
+        cmd += ["--params", str(params), "--no-progress", "--resume"]
+        env = {**os.environ, "TRANSFORMER_RUN": run_name}
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads((live / "metrics.json").read_text())
+
+    first = train("pipeline-a", 4)
+    assert "origin" not in first  # a fresh run
+    second = train("pipeline-b", 8)  # goes on from a's step 4
+    origin = second["origin"]
+    assert origin["from"] == "pipeline-a" and origin["step"] == 4, second
+    third = train("pipeline-b", 10)
+    assert third["origin"] == origin  # its own resume keeps where it began
+    flat = results.flatten(third)
+    seconds, began = results.own_time(flat, "pipeline-b")
+    assert began == "started from pipeline-a at step 4"
+    assert seconds == pytest.approx(flat["train/seconds"] - origin["seconds"])

@@ -95,6 +95,22 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     return path, ""
 
 
+def started_from(ckpt: dict[str, Any] | None, run: str | None) -> dict[str, Any] | None:
+    """Where the checkpoints of run `run` began, when it resumed another run's (the run
+    workspace keeps one set of checkpoints, and a run that differs only in max_steps or
+    save_every_steps goes on from them): that run, its step and training seconds; None for a
+    fresh run. A run's resume of its own checkpoint (a retry) keeps what they recorded."""
+    if ckpt is None:
+        return None
+    if ckpt.get("run") == run:
+        return ckpt.get("origin")
+    return {
+        "from": ckpt.get("run") or "-",
+        "step": int(ckpt["step"]),
+        "seconds": ckpt["train_seconds"],
+    }
+
+
 def make_checkpoint(
     model, opt, scaler, meta, step, seconds, data, final: bool
 ) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,12 +47,20 @@ from transformer.parent import (
 )
 from transformer.precision import resolve_precision
 from transformer.report import Report
-from transformer.resume import load_resume, make_checkpoint, restore, write_checkpoint
+from transformer.resume import (
+    load_resume,
+    make_checkpoint,
+    restore,
+    started_from,
+    write_checkpoint,
+)
 from transformer.sections.model import ModelConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
 from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
+
+RUN_ENV = "TRANSFORMER_RUN"  # the experiment a flow runs the stage for (flows/pipeline.py)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -241,11 +250,13 @@ def train(
     )
     batching = {f"train/{k}": x for k, x in sampler.stats.items()}
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
+    run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
+    origin = started_from(ckpt, run)
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
     alone_on_cpu = device.type == "cpu" and world == 1
-    report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu)
+    report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu, origin=origin)
     losses = LossSums(learner.sums, step)
     model.train()
     while not clock.stop:
@@ -275,6 +286,7 @@ def train(
         if saving:
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
+                ckpt.update(run=run, origin=origin)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
