@@ -66,7 +66,7 @@ def unfit(champion_params: dict[str, Any], params: dict[str, Any]) -> list[str]:
 
 
 def fetch_parent(root: Path, ws: Path, dag: dict[str, Stage], version: str) -> Path:
-    """The champion's package (`dvc artifacts get . NAME --version V`) into the parent stage's
+    """The champion's package (`dvc artifacts get . NAME --rev V`) into the parent stage's
     output folder in the workspace, replacing what was there; that folder."""
     from dvc.repo import Repo
 
