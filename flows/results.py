@@ -126,6 +126,10 @@ def rows(project: Path) -> list[list[str]]:
         entry = shown.get(e["commit"], {})
         scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
         seconds, began = own_time(trained, e["name"])
+        ds = decided.pop(e["commit"], [])
+        bleu = pick(scores, FIELDS["bleu"][1])
+        if bleu is None and ds:  # its cached metrics not fetched: the BLEU its decision recorded
+            bleu = (ds[-1].get("candidate") or {}).get("bleu")
         out.append(
             row(
                 e["commit"] == champion,
@@ -133,10 +137,10 @@ def rows(project: Path) -> list[list[str]]:
                 versions.get(e["commit"]),
                 metrics(entry, dag.get(PARENT)).get("version"),  # a continued run's champion
                 recipe(project, e["commit"]),
-                pick(scores, FIELDS["bleu"][1]),
+                bleu,
                 pick(trained, ("step",)),
                 seconds,
-                decided.pop(e["commit"], []),
+                ds,
                 began,
             )
         )
