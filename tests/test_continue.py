@@ -107,10 +107,12 @@ def test_continued_run_starts_from_the_parents_weights_and_tokenizer(champion, t
     p2 = params(grand / "p.yaml", retrain={**cont, "parent": "v2.0.0"})
     cli("parent", grand / "parent", "--metrics", grand / "parent.json", "--params", p2)
     assert json.loads((grand / "parent.json").read_text())["chain"] == ["v2.0.0", "v1.0.0"]
-    # a real rate moves the weights away from the parent's
+    # a real rate moves the weights away from the parent's (this 4-step parent ended deep in
+    # its warmup, at 1.3e-4: ten times that, at once)
     moved = tmp_path / "moved"
     moved.mkdir()
-    p3 = params(moved / "p.yaml", retrain=cont)
+    fast = {"max_steps": 4, "rewarmup_steps": 1, "lr_factor": 10.0}
+    p3 = params(moved / "p.yaml", retrain={**cont, "continuation": fast})
     cli(
         "train",
         tmp_path / "shards",

@@ -32,8 +32,10 @@ def preset(corpus: Path) -> dict:
         "download": {"source": "local", "splits": split},
         "tokenizer": {"vocab_size": 300},
         "model": {"d_model": 64, "d_ff": 256, "n_layers": 1},
-        "train": {
+        "train": {  # a short warmup: the continuation goes on at the champion's rate
             "max_steps": 10,
+            "warmup_steps": 10,
+            "lr_scale": 0.2,
             "max_tokens": 1024,
             "save_every_steps": 5,
             "valid_every_steps": 5,
