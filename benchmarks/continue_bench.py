@@ -7,7 +7,8 @@ A champion is trained on a share (`--share`, 0.8) of Multi30k's training pairs, 
 
 - scratch: a new tokenizer and a new model, for as long as the champion (`--minutes`);
 - continued: `retrain.mode: continue`, the champion's tokenizer kept and its weights trained on
-  for `--continue-minutes` (retrain.continuation's own warmup and peak rate, a fresh Adam).
+  for `--continue-minutes` (retrain.continuation's defaults: the champion's own rate schedule
+  continued from its update count after a short re-warmup, a fresh Adam).
 
 Each is averaged and scored on test2016 as the pipeline does (the multi30k-en-de preset's
 settings otherwise: model, batching, decoding). The stages run as their CLIs, as dvc.yaml runs
@@ -208,9 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--continue-minutes", type=float, default=3.0)
     parser.add_argument("--share", type=float, default=0.8, help="the champion's share of train")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--warmup", type=int, default=30, help="retrain.continuation.warmup_steps")
-    # peak 128^-0.5 * 30^-0.5 * 0.1 = 1.6e-3: about where the champion's rate ended
-    parser.add_argument("--lr-scale", type=float, default=0.1, help="retrain.continuation.lr_scale")
+    parser.add_argument(
+        "--lr-factor", type=float, help="retrain.continuation.lr_factor (default: its default)"
+    )
     args = parser.parse_args(argv)
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -255,8 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     cont["retrain"]["continuation"] = {
         "max_steps": 0,
         "time_budget_minutes": args.continue_minutes,
-        "warmup_steps": args.warmup,
-        "lr_scale": args.lr_scale,
+        **({"lr_factor": args.lr_factor} if args.lr_factor else {}),
     }
     # checkpoints as often, relative to the run's length, as the champion's
     cont["train"]["save_every_minutes"] = args.continue_minutes / 12

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows import automations
-from flows.serve import RETRAIN_CRON, recipe_args, specs
+from flows.serve import RETRAIN_CRON, project_tag, recipe_args, specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +41,7 @@ def deploy(
             push=False,
             print_next_steps=False,
             job_variables={"working_dir": str(project), "env": env},
+            tags=[project_tag(project)],
             **options,
         )
         names.append(f"{f.name}/{name}")

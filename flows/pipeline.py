@@ -194,8 +194,15 @@ def experiment_ref(ws: Path, name: str) -> str:
 def publish(ws: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
     """The lineage table artifact and the markdown artifact linking the training curves."""
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
-    create_table_artifact(
-        rows, key="lineage", description="Score -> inputs: " + record["experiment"]
+    bleu = record.get("bleu")
+    create_table_artifact(  # its description is what `python -m flows.run --wait` prints
+        rows,
+        key="lineage",
+        description=(
+            f"experiment {record['experiment']}: BLEU "
+            + ("-" if bleu is None else f"{float(bleu):.2f}")
+            + f" (through the gate: python -m flows.promote {record['experiment']})"
+        ),
     )
     html = ws / "dvc_plots" / record["experiment"]
     html.mkdir(parents=True, exist_ok=True)
@@ -246,8 +253,11 @@ def run_experiment(
     """The stages in the prepared workspace `ws` (at `commit`, the recipe applied), the experiment
     saved and published; its record. pipeline() and retrain() share it after their preamble."""
     dag = read_dag(ws)
-    stages = run_stages(ws, dag, download_retries, retry_delay_s)
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
+    # the train stage records it in its checkpoints: a later run that goes on from them (the
+    # workspace keeps one set) says from which experiment, at which step
+    os.environ["TRANSFORMER_RUN"] = name
+    stages = run_stages(ws, dag, download_retries, retry_delay_s)
     recipe = {"preset": preset, "overrides": overrides}
     exp_commit = save_experiment(ws, dag, name, recipe)
     record = lineage.lineage(

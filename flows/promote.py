@@ -79,8 +79,12 @@ def resolve_experiment(project: Path, experiment: str) -> str:
         ) from None
 
 
-def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]:
-    """Gate the experiment at `commit` against the champion; promote it if it wins."""
+def decide(
+    project: Path, commit: str, margin: float, by: str, trained: str | None = None
+) -> dict[str, Any]:
+    """Gate the experiment at `commit` against the champion; promote it if it wins. `trained`:
+    how the candidate was trained (a retrain's continuation, or why it fell back to scratch),
+    kept in the decision's tag."""
     registry.publish_pending(project)
     candidate = registry.record_at(project, commit)
     before = registry.champion(project)
@@ -112,14 +116,15 @@ def decide(project: Path, commit: str, margin: float, by: str) -> dict[str, Any]
         out["version"] = registry.promote(project, commit, summary, reason)
     verdict = f"promoted as {out['version']}" if promote else "refused"
     out["decision_tag"] = registry.record_decision(
-        project, commit, f"{verdict}: {reason}", decision_details(out, by)
+        project, commit, f"{verdict}: {reason}", decision_details(out, by, trained)
     )
     logger().info("%s: %s", commit[:9], reason)
     return out
 
 
-def decision_details(out: dict[str, Any], by: str) -> dict[str, Any]:
-    """What a decision tag records besides its verdict: who, when, and the two experiments."""
+def decision_details(out: dict[str, Any], by: str, trained: str | None = None) -> dict[str, Any]:
+    """What a decision tag records besides its verdict: who, when, the two experiments, and how
+    the candidate was trained where a retrain says."""
 
     def brief(r: dict[str, Any] | None) -> dict[str, Any] | None:
         keys = ("experiment", "experiment_commit", "version", "bleu", "preset", "overrides")
@@ -130,7 +135,17 @@ def decision_details(out: dict[str, Any], by: str) -> dict[str, Any]:
         "at": datetime.now(UTC).isoformat(),
         "candidate": brief(out["candidate"]),
         "champion_before": brief(out["champion_before"]),
+        **({"trained": trained} if trained else {}),
     }
+
+
+def summary(out: dict[str, Any]) -> str:
+    """The decision in one line: the candidate, its BLEU, the verdict and why."""
+    cand = out.get("candidate") or {}
+    name = cand.get("experiment") or str(cand.get("experiment_commit"))[:9]
+    bleu = "-" if cand.get("bleu") is None else f"{float(cand['bleu']):.2f}"
+    verdict = f"promoted as {out['version']}" if out["promoted"] else "refused"
+    return f"experiment {name}: BLEU {bleu}; {verdict}: {out['reason']}"
 
 
 def report(out: dict[str, Any], title: str) -> str:
@@ -167,7 +182,9 @@ def promote(experiment: str, project: str = ".", margin: float | None = None) ->
     with workspace_lock(root):
         commit = resolve_experiment(root, experiment)
         out = decide(root, commit, margin, f"promote flow run {flow_run.get_id()}")
-    create_markdown_artifact(report(out, f"Promote {experiment}"), key="promotion-decision")
+    create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
+        report(out, f"Promote {experiment}"), key="promotion-decision", description=summary(out)
+    )
     return out
 
 

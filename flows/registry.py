@@ -213,31 +213,47 @@ DECISIONS = "decision/{name}/"  # the tag prefix of every promotion decision of 
 
 
 def record_decision(project: Path, commit: str, verdict: str, details: dict[str, Any]) -> str:
-    """An annotated tag `decision/NAME/NNNN` on the candidate's commit: the verdict on its first
-    line, `details` (JSON) below. GTO's tags record promotions only; these record refusals too,
-    so `git tag -n` tells the registry's whole history. The tag's name."""
+    """An annotated tag `decision/NAME/NNNN` on the candidate's commit: the candidate and the
+    verdict on its first line, `details` (JSON) below. GTO's tags record promotions only; these
+    record refusals too, so `git tag -n` tells the registry's whole history. The tag's name."""
     name, _ = artifact(project)
     prefix = DECISIONS.format(name=name)
     n = len(Snapshot(project).git("tag", "--list", prefix + "*").split()) + 1
     tag = f"{prefix}{n:04d}"
-    body = json.dumps(details, default=str, sort_keys=True, indent=1)
-    git("tag", "-a", tag, commit, "-m", f"{name}: {verdict}\n\n{body}", cwd=project)
+    who = (details.get("candidate") or {}).get("experiment") or commit[:9]
+    body = json.dumps({"verdict": verdict, **details}, default=str, sort_keys=True, indent=1)
+    git("tag", "-a", tag, commit, "-m", f"{name}: {who} {verdict}\n\n{body}", cwd=project)
     return tag
+
+
+def decision_tags(project: Path) -> list[dict[str, Any]]:
+    """Every decision tag, oldest first: its tag, the candidate's commit, the verdict and the
+    recorded details (the candidate's and the champion's experiments, who decided when)."""
+    name, _ = artifact(project)
+    listing = Snapshot(project).git(
+        "for-each-ref",
+        "--sort=refname",
+        "--format=%(refname:short)%00%(*objectname)%00%(contents)%1e",
+        "refs/tags/" + DECISIONS.format(name=name),
+    )
+    out = []
+    for entry in filter(str.strip, listing.split("\x1e")):
+        tag, commit, contents = entry.strip("\n").split("\x00", 2)
+        subject, _, body = contents.partition("\n\n")
+        try:
+            details = json.loads(body.strip() or "{}")
+        except ValueError:  # a tag written by hand: its subject only
+            details = {}
+        verdict = details.pop("verdict", None) or subject.removeprefix(f"{name}: ")
+        out.append({"tag": tag, "commit": commit, "verdict": verdict, **details})
+    return out
 
 
 def decisions(project: Path) -> dict[str, list[str]]:
     """{candidate commit: [verdict, ...]} from the decision tags, oldest first."""
-    name, _ = artifact(project)
     out: dict[str, list[str]] = {}
-    listing = Snapshot(project).git(
-        "for-each-ref",
-        "--sort=refname",
-        "--format=%(*objectname) %(contents:subject)",
-        "refs/tags/" + DECISIONS.format(name=name),
-    )
-    for line in listing.splitlines():
-        commit, _, subject = line.partition(" ")
-        out.setdefault(commit, []).append(subject.removeprefix(f"{name}: "))
+    for d in decision_tags(project):
+        out.setdefault(d["commit"], []).append(d["verdict"])
     return out
 
 

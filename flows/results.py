@@ -1,20 +1,27 @@
-"""Every experiment in one table, whatever the checkout's HEAD: recipe, BLEU, steps, training
-time, the champion (`*`) and each promotion decision with its reason.
+"""Every experiment and every promotion decision in one table, whatever the checkout's HEAD:
+BLEU, steps, training time, the champion (`*`), each decision with its reason, and the runs that
+failed before they saved an experiment.
 
-    python -m flows.results [PROJECT]     # or: make results
+    python -m flows.results [PROJECT]            # or: make results; fits 120 columns
+    python -m flows.results [PROJECT] --wide     # with the recipe, the parent, how it trained
 
 The experiments are the refs DVC saved them as (refs/exps: one per flow run, and any `dvc exp
 run` by hand), so a new commit hides none of them, as `dvc exp show` on HEAD would. Each row's
 scores, steps and seconds come from the metrics files dvc.yaml names (the evaluate and train
 stages'), read by `dvc exp show --json` for the commits the experiments branched from; the
 recipe from the experiment's commit message (flow runs write it there) or params.yaml's preset
-header; the champion and the decisions from the registry's git tags (flows/registry.py).
+header; the champion and the decisions from the registry's git tags (flows/registry.py), which a
+clone has even where it lacks the experiments (`git clone` fetches tags, not refs/exps): their
+rows come from the tags alone, and the table says how to fetch the rest. Failed runs come from
+the Prefect server (PREFECT_API_URL), the flow runs of this project's deployments that ended
+Failed or Crashed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +36,11 @@ from transformer.metrics import KEYS
 TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
 COLUMNS = ("", "experiment", "version", "parent", "recipe", "BLEU", "steps", "time", "decision")
+WIDE = (*COLUMNS, "trained")
+NARROW = ("", "experiment", "version", "BLEU", "steps", "time", "decision")
 NUMERIC = {"BLEU", "steps", "time"}
+WIDTH = 120  # the narrow table's: its decision column is cut to fit
+FETCH = "dvc exp pull origin --all-commits --no-cache"  # the experiments, which a clone lacks
 
 
 def experiments(project: Path) -> list[dict[str, str]]:
@@ -99,44 +110,156 @@ def number(x: Any) -> str | None:
 
 
 def rows(project: Path) -> list[list[str]]:
-    """One row per experiment, oldest first."""
+    """One row per experiment (WIDE's columns), oldest first, then one per decision whose
+    experiment this clone lacks, then the failed runs."""
     project = Path(project)
     exps = experiments(project)
     shown = exp_show(project, [e["baseline"] for e in exps])
     dag = read_dag(project)
-    champion = registry.champion_commit(project) if exps else None
-    versions = registry.versions(project) if exps else {}
-    decided = registry.decisions(project) if exps else {}
+    tags = registry.decision_tags(project)
+    champion = registry.champion_commit(project) if exps or tags else None
+    versions = registry.versions(project) if exps or tags else {}
+    decided: dict[str, list[dict[str, Any]]] = {}
+    for d in tags:
+        decided.setdefault(d["commit"], []).append(d)
     out = []
     for e in exps:
         entry = shown.get(e["commit"], {})
         scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
-        cells = [
-            "*" if e["commit"] == champion else "",
-            e["name"],
-            versions.get(e["commit"]),
-            metrics(entry, dag.get(PARENT)).get("version"),  # a continued run's champion
-            recipe(project, e["commit"]),
-            number(scores.get(KEYS["bleu"])),  # exact keys: a failed run's row shows "-"
-            trained.get("step"),
-            duration(trained.get("train/seconds")),
-            "; ".join(decided.get(e["commit"], [])),
-        ]
-        out.append(["-" if c is None else str(c) for c in cells])
+        seconds, began = own_time(trained, e["name"])
+        ds = decided.pop(e["commit"], [])
+        bleu = scores.get(KEYS["bleu"])  # exact keys: a failed run's row shows "-"
+        if bleu is None and ds:  # its cached metrics not fetched: the BLEU its decision recorded
+            bleu = (ds[-1].get("candidate") or {}).get("bleu")
+        out.append(
+            row(
+                e["commit"] == champion,
+                e["name"],
+                versions.get(e["commit"]),
+                metrics(entry, dag.get(PARENT)).get("version"),  # a continued run's champion
+                recipe(project, e["commit"]),
+                bleu,
+                trained.get("step"),
+                seconds,
+                ds,
+                began,
+            )
+        )
+    for commit, ds in decided.items():  # decisions on experiments this clone does not have
+        cand = ds[-1].get("candidate") or {}
+        name = cand.get("experiment") or commit[:9]
+        out.append(
+            row(
+                commit == champion,
+                name,
+                versions.get(commit),
+                None,
+                recipe(project, commit),
+                cand.get("bleu"),
+                None,
+                None,
+                ds,
+            )
+        )
+    return out + failed_runs(project)
+
+
+def own_time(trained: dict[str, Any], name: str) -> tuple[Any, str | None]:
+    """The run's own training seconds, and where it began when it went on from another run's
+    checkpoints (the train stage's `origin`): those seconds were that run's."""
+    seconds, origin = trained.get("train/seconds"), trained.get("origin/from")
+    if not origin or origin == name:
+        return seconds, None
+    began = f"started from {origin} at step {trained.get('origin/step')}"
+    if isinstance(seconds, int | float):
+        seconds -= float(trained.get("origin/seconds") or 0.0)
+    return seconds, began
+
+
+def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds, began=None):
+    """A table row, WIDE's columns, "-" where unknown."""
+    cells = [
+        "*" if champion else "",
+        name,
+        version,
+        parent,
+        recipe_,
+        number(bleu),
+        steps,
+        duration(seconds),
+        "; ".join([*([began] if began else []), *(d["verdict"] for d in ds)]),
+        "; ".join(d["trained"] for d in ds if d.get("trained")),
+    ]
+    return ["-" if c is None else str(c) for c in cells]
+
+
+def project_tags(project: Path) -> list[str]:
+    """The Prefect tags of this project's flow runs (serve.py tags its deployments with the
+    checkout's path): this checkout's, and its origin's where that is a local path (a clone)."""
+    from flows.serve import project_tag
+
+    paths = [Path(project).resolve()]
+    origin = Snapshot(project).git("config", "--get", "remote.origin.url").strip()
+    if origin and Path(origin).is_dir():
+        paths.append(Path(origin).resolve())
+    return [project_tag(p) for p in paths]
+
+
+def failed_runs(project: Path) -> list[list[str]]:
+    """A row per flow run of this project that ended Failed or Crashed (it saved no
+    experiment), from the Prefect server when one is configured; none without."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return []
+    import httpx
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    out = []
+    try:
+        with get_client(sync_client=True) as client:
+            for tag in project_tags(project):
+                runs = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        tags=FlowRunFilterTags(all_=[tag]),
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.FAILED, StateType.CRASHED])
+                        ),
+                    ),
+                    sort=FlowRunSort.START_TIME_ASC,
+                )
+                for r in runs:
+                    why = (r.state.message or "no message").splitlines()[0]
+                    ds = [{"verdict": f"{r.state.name.lower()}: {why}"}]
+                    out.append(
+                        row(False, f"(run {r.name})", None, None, None, None, None, None, ds)
+                    )
+    except (httpx.HTTPError, OSError) as e:
+        print(f"warning: the Prefect server did not answer ({e}): no failed runs listed")
     return out
 
 
-def table(rows: list[list[str]]) -> str:
-    """Aligned columns: text to the left, numbers to the right."""
-    lines = [list(COLUMNS), *rows]
-    width = [max(len(r[i]) for r in lines) for i in range(len(COLUMNS))]
-    return "\n".join(
-        "  ".join(
-            c.rjust(w) if COLUMNS[i] in NUMERIC else c.ljust(w)
-            for i, (c, w) in enumerate(zip(r, width))
+def table(found: list[list[str]], wide: bool = False, width: int = WIDTH) -> str:
+    """Aligned columns: text to the left, numbers to the right; the narrow table's last column
+    cut to fit `width`."""
+    columns = WIDE if wide else NARROW
+    pick_ = [WIDE.index(c) for c in columns]
+    lines = [list(columns), *([r[i] for i in pick_] for r in found)]
+    size = [max(len(r[i]) for r in lines) for i in range(len(columns))]
+    out = []
+    for r in lines:
+        line = "  ".join(
+            c.rjust(w) if columns[i] in NUMERIC else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, size))
         ).rstrip()
-        for r in lines
-    )
+        out.append(line if wide or len(line) <= width else line[: width - 3] + "...")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -148,9 +271,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "project", nargs="?", type=Path, default=Path("."), help="the DVC project (default: here)"
     )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column, uncut: the recipe, the parent, how a retrain trained (continued, or "
+        "why it fell back to scratch)",
+    )
     args = parser.parse_args(argv)
     found = rows(args.project)
-    print(table(found) if found else "no experiments yet (refs/exps is empty)")
+    if not found:
+        print("no experiments, decisions or failed runs yet (refs/exps and decision tags empty)")
+        return
+    print(table(found, args.wide))
+    saved = {e["commit"] for e in experiments(args.project)}
+    if any(d["commit"] not in saved for d in registry.decision_tags(args.project)):
+        print(f"(rows without steps: decisions from git tags; their experiments' details: {FETCH})")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from prefect.runtime import flow_run
 from flows import lineage, registry
 from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
-from flows.promote import decide, report
+from flows.promote import decide, report, summary
 from flows.shell import apply_params, logger, read_section, run, workspace_lock
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
@@ -71,7 +71,7 @@ def unfit(champion_params: dict[str, Any], params: dict[str, Any]) -> list[str]:
 
 
 def fetch_parent(root: Path, ws: Path, dag: dict[str, Stage], version: str) -> Path:
-    """The champion's package (`dvc artifacts get . NAME --version V`) into the parent stage's
+    """The champion's package (`dvc artifacts get . NAME --rev V`) into the parent stage's
     output folder in the workspace, replacing what was there; that folder."""
     from dvc.repo import Repo
 
@@ -192,8 +192,8 @@ def retrain(
         }
         if not changed:
             out["reason"] = (
-                f"data, code and recipe unchanged since the champion "
-                f"({champion.get('version')}); nothing retrained"
+                f"data, code and recipe unchanged since the champion {champion.get('version')} "
+                f"({champion.get('experiment')}): nothing retrained"
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
@@ -204,11 +204,19 @@ def retrain(
             extra = [*overrides, *start.overrides]
             candidate = run_experiment(ws, commit, preset, extra, download_retries, retry_delay_s)
             run_id = f"retrain flow run {flow_run.get_id()}"
-            out.update(decide(root, candidate["experiment_commit"], cfg["margin"], run_id))
+            out.update(
+                decide(
+                    root, candidate["experiment_commit"], cfg["margin"], run_id, trained=start.why
+                )
+            )
             out["parent"] = start.parent
             out["stages"] = candidate["stages"]
             out["trained"] = start.why
             out["reason"] = f"{', '.join(changed)} changed; trained {start.why}; {out['reason']}"
     logger().info("retrain: %s", out["reason"])
-    create_markdown_artifact(report(out, "Retrain"), key="retrain-decision")
+    create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
+        report(out, "Retrain"),
+        key="retrain-decision",
+        description=summary(out) if out["retrained"] else out["reason"],
+    )
     return out

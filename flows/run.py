@@ -6,8 +6,10 @@
 
 A value is read as JSON where it parses (a list, a number), else as a string. With --wait it
 prints each state the run passes through and each stage (a task run, its subflows' included) as
-it starts and ends, then the final state and, for a failure, its message: the stage and its own
-error line. A crash is not the end: the automation "retry crashed runs" reschedules the run and
+it starts and ends, then what the run decided (the experiment it saved and its BLEU, the
+promotion gate's verdict and why, or why nothing was retrained; the run's warnings, such as a
+champion that no DVC remote holds), then the final state and, for a failure, its message: the
+stage and its own error line. A crash is not the end: the automation "retry crashed runs" reschedules the run and
 the next serving process resumes it, so --wait follows it through its retries and reads a
 Crashed state as final only once it has stayed so for --crash-grace seconds (the run gave up, or
 nothing reschedules it). A lost connection to the server is retried, not fatal.
@@ -19,6 +21,7 @@ run could not be started (no such deployment, a bad parameter).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -86,6 +89,33 @@ class Follower:
         return run
 
 
+def outcome(client, run) -> list[str]:
+    """What the run decided, as its flows published it in Prefect: its warnings (the run's log,
+    e.g. a champion no remote holds) and its artifacts' descriptions (the experiment and its
+    BLEU, the promotion decision and why, or why nothing was retrained), oldest first."""
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+        LogFilterLevel,
+    )
+
+    logs = client.read_logs(
+        # warnings only: a failure's errors are its state message, printed last
+        LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[run.id]), level=LogFilterLevel(ge_=30, le_=39)
+        ),
+        limit=50,
+    )
+    arts = client.read_artifacts(
+        artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+    )
+    warned = dict.fromkeys(f"warning: {log.message.splitlines()[0]}" for log in logs)
+    told = [a.description for a in sorted(arts, key=lambda a: a.created) if a.description]
+    return [*warned, *told]
+
+
 def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float = 2.0) -> int:
     """Print the run's progress until it ends; its exit status (EXIT, or TIMEOUT)."""
     import httpx
@@ -111,6 +141,9 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
             crashed_since = None
         if kind in EXIT:
             verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
+            with contextlib.suppress(httpx.HTTPError, OSError), get_client(sync_client=True) as c:
+                for line in outcome(c, run):
+                    say(line)
             if kind != "COMPLETED":
                 failed = list(follower.failed.values())
                 stage = f" in stage {failed[-1]}" if failed else ""

@@ -34,6 +34,12 @@ from flows.retrain import retrain
 RETRAIN_CRON = "0 3 * * 1"  # Mondays 03:00
 
 
+def project_tag(path: Path) -> str:
+    """The Prefect tag of the flow runs of the project checked out at `path` (flows.results
+    finds its failed runs by it)."""
+    return f"project:{Path(path).resolve()}"
+
+
 def specs(
     cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
 ) -> list[tuple[Any, str, dict[str, Any]]]:
@@ -61,8 +67,9 @@ def deployments(
     cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
 ) -> list:
     """The deployments this process serves, its flows imported by module path."""
+    tags = [project_tag(Path.cwd())]  # the flows run in this checkout (project ".")
     return [
-        f.to_deployment(name, entrypoint_type=EntrypointType.MODULE_PATH, **options)
+        f.to_deployment(name, entrypoint_type=EntrypointType.MODULE_PATH, tags=tags, **options)
         for f, name, options in specs(cron, preset, overrides)
     ]
 
@@ -127,6 +134,14 @@ def recipe_args(
 def main(argv: list[str] | None = None) -> None:
     args = recipe_args(argv, "python -m flows.serve", __doc__)
     automations.install(automations.HEARTBEAT_S)
+    if args.local_only and registry.default_remote(Path(".")) is None:
+        print(
+            "--local-only: no default DVC remote, so a promoted champion stays in this "
+            "machine's DVC cache and no other clone can fetch it, until you add a remote "
+            "(`dvc remote add -d store URL`, committed) and run `python -m flows.registry "
+            "publish`",
+            flush=True,
+        )
     print(
         "retrain recipe: "
         + json.dumps({"preset": args.retrain_preset, "overrides": args.retrain_override})

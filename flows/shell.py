@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -153,12 +154,25 @@ class Output:
                     self.log.info("%s", text)
 
 
+def command_line(cmd: list[str]) -> str:
+    """`cmd` as one line that a shell runs as it is: shlex's quoting, and bash's $'...' for an
+    argument with line breaks (a commit message), so the echo is one log line."""
+
+    def quote(arg: str) -> str:
+        if "\n" not in arg:
+            return shlex.quote(arg)
+        escaped = arg.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+        return f"$'{escaped}'"
+
+    return " ".join(quote(a) for a in cmd)
+
+
 def run(
     cmd: list[str], cwd: Path, what: str = "", progress_every_s: float = PROGRESS_EVERY_S
 ) -> list[str]:
     """Run `cmd` in `cwd`, logging its output as it comes; its lines, or CommandError."""
     log = logger()
-    log.info("$ %s", " ".join(cmd))
+    log.info("$ %s", command_line(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
     lines: list[str] = []
     out = Output(log, progress_every_s)

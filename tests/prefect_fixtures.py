@@ -277,12 +277,14 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 
 
 @contextlib.contextmanager
-def served(project: Path, env: dict[str, str], **extra: str) -> Iterator[subprocess.Popen]:
-    """`python -m flows.serve` in `project` until the block ends (or the test kills it)."""
+def served(
+    project: Path, env: dict[str, str], *args: str, **extra: str
+) -> Iterator[subprocess.Popen]:
+    """`python -m flows.serve ARGS` in `project` until the block ends (or the test kills it)."""
     log_path = project.parent / f"{project.name}-serve-{time.monotonic_ns()}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.serve"],
+            [sys.executable, "-m", "flows.serve", *args],
             cwd=project,
             env={**env, **extra},
             stdout=log,
@@ -387,10 +389,11 @@ def wait_until(what: str, check, timeout: float = 600.0):
 
 def fetch_champion(project: Path, tmp_path: Path, *args: str) -> Path:
     """A fresh clone of `project` and, in it, `dvc artifacts get . transformer --stage prod -o
-    champion ARGS`, as the README says; the clone."""
+    champion --remote store ARGS`, as the README says; the clone."""
     fresh = tmp_path / "fresh"
     tmp_path.mkdir(parents=True, exist_ok=True)
     sh("git", "clone", "-q", str(project), str(fresh), cwd=tmp_path)
     get = (*DVC, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "champion")
+    get += ("--remote", "store")
     sh(*get, *args, cwd=fresh)
     return fresh

@@ -83,7 +83,7 @@ def test_continued_run_starts_from_the_parents_weights_and_tokenizer(champion, t
     # a rate so small that the continued weights must stay the parent's; any other start differs
     cont = {"mode": "continue", "parent": "v1.0.0", "continuation": {"max_steps": 4}}
     tiny = params(
-        tmp_path / "p.yaml", retrain={**cont, "continuation": {"max_steps": 4, "lr_scale": 1e-9}}
+        tmp_path / "p.yaml", retrain={**cont, "continuation": {"max_steps": 4, "lr_factor": 1e-9}}
     )
     out = run_to_package(tmp_path, raw, tiny, parent)
     assert (tmp_path / "tok/tokenizer.json").read_bytes() == (
@@ -106,10 +106,12 @@ def test_continued_run_starts_from_the_parents_weights_and_tokenizer(champion, t
     p2 = params(grand / "p.yaml", retrain={**cont, "parent": "v2.0.0"})
     cli("parent", grand / "parent", "--metrics", grand / "parent.json", "--params", p2)
     assert json.loads((grand / "parent.json").read_text())["chain"] == ["v2.0.0", "v1.0.0"]
-    # a real rate moves the weights away from the parent's
+    # a real rate moves the weights away from the parent's (this 4-step parent ended deep in
+    # its warmup, at 1.3e-4: ten times that, at once)
     moved = tmp_path / "moved"
     moved.mkdir()
-    p3 = params(moved / "p.yaml", retrain=cont)
+    fast = {"max_steps": 4, "rewarmup_steps": 1, "lr_factor": 10.0}
+    p3 = params(moved / "p.yaml", retrain={**cont, "continuation": fast})
     cli(
         "train",
         tmp_path / "shards",
@@ -204,3 +206,66 @@ def test_fallback_names_each_setting_that_does_not_fit():
         "tokenizer.vocab_size 300 -> 400",
         "download.tgt_lang 'de' -> 'fr'",
     ]
+
+
+def test_the_continuations_rate_never_exceeds_the_champions_last_by_more_than_its_factor():
+    """The rate goes on from where the champion's §5.3 schedule ended (its package's warmup and
+    scale, its update count), re-warmed from 0: never above lr_factor x its last rate, whatever
+    the model size or where the champion stopped (the fixed warmup 50 / scale 0.5 it replaces
+    climbed to 2.7x on the demo and undid the champion's training)."""
+    from transformer.parent import Continuation
+    from transformer.sections.train import TrainConfig
+    from transformer.train import rate
+
+    tcfg = TrainConfig()
+    for updates, warmup, d_model, factor in [
+        (600, 200, 128, 1.0),  # past its warmup: the rate goes on falling
+        (50, 4000, 512, 1.0),  # stopped inside its warmup: held at its last rate, not climbing
+        (1858, 100, 128, 2.0),
+        (1, 1, 16, 0.5),
+    ]:
+        c = Continuation(updates, warmup, 0.5, 30, factor)
+        rates = [rate(s, tcfg, d_model, 0.0, c) for s in range(1, 301)]
+        last = c.last_rate(d_model)
+        assert max(rates) <= factor * last * (1 + 1e-12), (updates, warmup, max(rates) / last)
+        assert rates[0] < rates[29] and rates[29] == pytest.approx(
+            factor * c.base(updates + 30, d_model) if updates >= warmup else factor * last
+        )
+
+
+@pytest.mark.slow
+def test_a_continuation_trains_at_its_champions_rate(champion, tmp_path):
+    """From a real package: its steps and the train settings it was trained with; the stage's
+    logged rates stay under the champion's last one."""
+    from transformer.parent import continuation
+    from transformer.sections.retrain import ContinuationConfig
+    from transformer.sections.train import TrainConfig
+
+    raw, pkg = champion
+    c = continuation(pkg, ContinuationConfig(), TrainConfig(warmup_steps=1, lr_scale=9.0))
+    theirs = yaml.safe_load((pkg / "params.yaml").read_text())["train"]
+    assert (c.updates, c.warmup_steps, c.lr_scale) == (
+        4,
+        theirs["warmup_steps"],
+        theirs["lr_scale"],
+    )
+    # the stage logs the rate it trains at: its first updates under the champion's last rate
+    cont = {"mode": "continue", "parent": "v1.0.0", "continuation": {"max_steps": 40}}
+    pfile = params(tmp_path / "p.yaml", retrain=cont)
+    live = tmp_path / "live"
+    out = cli(
+        "train",
+        raw.parent / "shards",
+        raw.parent / "tok",
+        tmp_path / "ckpt",
+        "--parent",
+        pkg,
+        "--live",
+        live,
+        "--no-progress",
+        "--params",
+        pfile,
+    )
+    assert "continuing from" in out and "its last rate" in out, out
+    logged = (live / "plots/metrics/train/lr.tsv").read_text().split()[3::2]
+    assert logged and max(map(float, logged)) <= c.last_rate(32) * (1 + 1e-6), logged

@@ -715,30 +715,6 @@ def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
     assert lineage(Snapshot(tmp_path), {"download": dag["download"]}, "HEAD")["shards_hash"] is None
 
 
-def test_promoted_without_a_remote_then_published(
-    toy: Path, prefect_server: dict, tmp_path: Path
-) -> None:
-    """A champion promoted before the project had a DVC remote: no other clone can fetch it,
-    until a remote is added and `python -m flows.registry publish` pushes it."""
-    env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
-    sh(*DVC, "exp", "run", "-n", "before-remote", "-S", "train.max_steps=30", cwd=toy, env=env)
-    promoted = promote_cli("before-remote", toy, env)
-    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
-    assert "promoted as v1.0.0: no champion yet" in promoted.stdout
-    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=toy)
-    sh("git", "commit", "-qm", "a DVC remote", ".dvc/config", cwd=toy)
-    with pytest.raises(AssertionError, match="No such file or directory"):  # not on the remote
-        fetch_champion(toy, tmp_path / "before", "--remote", "store")
-    out = sh(sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env)
-    assert "v1.0.0: published" in out and "--remote store" in out, out
-    assert "v1.0.0: on the remote already" in sh(
-        sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
-    )
-    # the version's commit predates the remote, hence `--remote store` (as publish says)
-    fresh = fetch_champion(toy, tmp_path / "after", "--remote", "store")
-    assert (fresh / "champion/model.pt").read_text().startswith("30 ")
-
-
 def test_the_next_decision_publishes_what_a_down_remote_missed(
     toy: Path, prefect_server: dict, tmp_path: Path
 ) -> None:
@@ -762,5 +738,5 @@ def test_the_next_decision_publishes_what_a_down_remote_missed(
     assert "v1.0.0: on the remote already" in sh(
         sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
     )
-    fresh = fetch_champion(toy, tmp_path)  # the tagged commit names the remote: no --remote
+    fresh = fetch_champion(toy, tmp_path)
     assert (fresh / "champion/model.pt").read_text().startswith("40 ")

@@ -32,8 +32,10 @@ def preset(corpus: Path) -> dict:
         "download": {"source": "local", "splits": split},
         "tokenizer": {"vocab_size": 300},
         "model": {"d_model": 64, "d_ff": 256, "n_layers": 1},
-        "train": {
+        "train": {  # a short warmup: the continuation goes on at the champion's rate
             "max_steps": 10,
+            "warmup_steps": 10,
+            "lr_scale": 0.2,
             "max_tokens": 1024,
             "save_every_steps": 5,
             "valid_every_steps": 5,
@@ -44,7 +46,7 @@ def preset(corpus: Path) -> dict:
         "retrain": {
             "mode": "continue",
             "max_oov_rate": 0.4,  # this tiny vocabulary leaves ~1/4 of its own words to bytes
-            "continuation": {"max_steps": 150, "warmup_steps": 20, "lr_scale": 0.3},
+            "continuation": {"max_steps": 150},  # the default rate: the champion's own
         },
     }
 

@@ -5,6 +5,7 @@ in a fresh clone and translating."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from prefect_fixtures import (
+    BIN,
     DVC,
     ROOT,
     artifact,
@@ -26,6 +28,7 @@ from prefect_fixtures import (
     sh,
     wait_until,
 )
+from test_flows_outcomes import walkthrough
 
 from flows.workspace import WORKSPACE
 
@@ -50,7 +53,7 @@ import sys
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained("champion/hf")
 model = AutoModelForSeq2SeqLM.from_pretrained("champion/hf")
-lines = [line for line in open("in.txt").read().splitlines() if line]
+lines = [line for line in open("in.en").read().splitlines() if line]
 batch = tokenizer(lines, return_tensors="pt", padding=True)
 out = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
 ours = [m for m in sys.modules if m.split(".")[0] in ("transformer", "flows")]
@@ -171,21 +174,11 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     # another machine: a fresh clone fetches the champion and translates with it
     fresh = fetch_champion(project, tmp_path)
     src = "Lena bought 28 apples.\n\nThe meeting is at 3:35 PM.\n"
-    (fresh / "in.txt").write_text(src)
-    sh(
-        sys.executable,
-        "-m",
-        "transformer.decode",
-        "--model",
-        "champion",
-        "-i",
-        "in.txt",
-        "-o",
-        "out.txt",
-        "--no-progress",
-        cwd=fresh,
-    )
-    assert len((fresh / "out.txt").read_text().split("\n")) == 4  # 3 lines, the blank one kept
+    (fresh / "in.en").write_text(src)
+    translate = walkthrough()[-1]  # docs/orchestration.md's command, as it is written there
+    assert translate == shlex.split("transformer-translate --model champion -i in.en -o out.de")
+    sh(str(BIN / translate[0]), *translate[1:], cwd=fresh)
+    assert len((fresh / "out.de").read_text().split("\n")) == 4  # 3 lines, the blank one kept
     # ... and with Hugging Face transformers alone: no module of this project is imported
     hf = sh(sys.executable, "-P", "-c", HF_ONLY, cwd=fresh)
     # (sh merges stderr, where transformers' progress bars go, after the printed line)

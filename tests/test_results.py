@@ -80,7 +80,8 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
     (demo / "notes.txt").write_text("a later commit\n")
     sh("git", "add", "notes.txt", cwd=demo)
     sh("git", "commit", "-qm", "a later commit", cwd=demo)
-    lines = results.table(results.rows(demo)).splitlines()
+    found = results.rows(demo)
+    lines = results.table(found, wide=True).splitlines()
     assert lines[0].split() == [
         "experiment",
         "version",
@@ -90,6 +91,7 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
         "steps",
         "time",
         "decision",
+        "trained",
     ]
     assert lines[1].split()[:9] == [
         "*",
@@ -114,12 +116,18 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
         "refused:",
     ]
     assert "does not beat champion 90.00" in lines[2] and len(lines) == 3
-    # git alone tells the decisions: annotated tags on the experiments' commits
+    # git alone tells the decisions: annotated tags on the experiments' commits, each naming
+    # its candidate on its first line
     tags = sh("git", "tag", "-n1", "--list", "decision/*", cwd=demo).splitlines()
-    assert [t.split()[:3] for t in tags] == [
-        ["decision/transformer/0001", "transformer:", "promoted"],
-        ["decision/transformer/0002", "transformer:", "refused:"],
+    assert [t.split()[:4] for t in tags] == [
+        ["decision/transformer/0001", "transformer:", "longer", "promoted"],
+        ["decision/transformer/0002", "transformer:", "shorter", "refused:"],
     ]
+    # the narrow table: no recipe or parent, within 120 columns
+    lines = results.table(found).splitlines()
+    assert lines[0].split() == ["experiment", "version", "BLEU", "steps", "time", "decision"]
+    assert lines[1].split()[:7] == ["*", "longer", "v1.0.0", "90.00", "60", "1:01:24", "promoted"]
+    assert max(map(len, lines)) <= 120
     # the CLI prints the same table
     out = sh(sys.executable, "-m", "flows.results", str(demo), cwd=tmp_path)
     assert out.splitlines() == lines

@@ -446,4 +446,4 @@ def test_checkpoints_store_the_precision_the_run_resolved(corpus, tmp_path):
     checkpoint.save(last, ckpt)
     params = write_params(tmp_path / "p.yaml", precision="auto", max_steps=4)
     out = run(corpus, ckpt_dir, params, "--resume")
-    assert "starting fresh" in out and "train_config differs ['precision']" in out, out
+    assert "not resuming" in out and "train_config differs ['precision']" in out, out

@@ -3,7 +3,7 @@
     python -m transformer.parent data/parent --metrics data/metrics/parent.json
 
 With `retrain.mode: continue` the folder holds a package (model.pt, tokenizer/, lineage.json,
-params.yaml) as `dvc artifacts get . transformer --version V -o data/parent` fetches it (the
+params.yaml) as `dvc artifacts get . transformer --rev V -o data/parent` fetches it (the
 retrain flow does), and `retrain.parent` names that version. The stage checks it and leaves its
 files as fetched, so DVC's hash of the folder is the package's own. With `scratch` it leaves
 only NONE in the folder, so that the stages listing it as a dependency run in any clone. The
@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from transformer import checkpoint, settings
 from transformer.checkpoint import CheckpointError
 from transformer.files import sha256_file, write_json
@@ -29,7 +31,7 @@ from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
 from transformer.vocab import TokenizerError, read_meta, tokenizer_sha256
 
-MODEL, TOKENIZER, LINEAGE = "model.pt", "tokenizer", "lineage.json"  # the package's layout
+MODEL, TOKENIZER, LINEAGE, PARAMS = "model.pt", "tokenizer", "lineage.json", "params.yaml"
 NONE = "NONE"  # the only file of the folder in scratch mode
 
 
@@ -53,13 +55,13 @@ def check(parent_dir: Path, version: str) -> dict[str, Any]:
     if not version:
         raise ParentError(
             "retrain.parent is empty: name the version data/parent holds (the retrain flow "
-            "sets it; by hand, after dvc artifacts get . transformer --version V -o data/parent)"
+            "sets it; by hand, after dvc artifacts get . transformer --rev V -o data/parent)"
         )
     model, tok = parent_dir / MODEL, parent_dir / TOKENIZER
     if not model.is_file():
         raise ParentError(
             f"{model}: missing. retrain.mode continue starts from the champion's package: "
-            f"rm -r {parent_dir} && dvc artifacts get . transformer --version {version} "
+            f"rm -r {parent_dir} && dvc artifacts get . transformer --rev {version} "
             f"-o {parent_dir}"
         )
     try:
@@ -75,7 +77,8 @@ def check(parent_dir: Path, version: str) -> dict[str, Any]:
         scores = json.loads(lineage_path.read_text()) if lineage_path.is_file() else {}
     except ValueError as e:
         raise ParentError(f"{lineage_path}: not valid JSON ({e})") from None
-    before = (scores.get("parent") or {}).get("chain") or []
+    grand = scores.get("parent") or {}
+    before = grand.get("chain") or []
     return {
         "mode": "continue",
         "version": version,
@@ -84,6 +87,9 @@ def check(parent_dir: Path, version: str) -> dict[str, Any]:
         "src_lang": meta.get("src_lang"),
         "tgt_lang": meta.get("tgt_lang"),
         "step": int(ckpt["step"]),
+        # the updates its weights have seen, its ancestors' included (a continuation counts
+        # its steps from 1): where the continuation's rate schedule goes on from
+        "updates": int(ckpt["step"]) + int(grand.get("updates", grand.get("step")) or 0),
         "bleu": scores.get("bleu"),
         "chain": [version, *before],
     }
@@ -97,13 +103,61 @@ def prepare(parent_dir: Path, cfg: RetrainConfig) -> dict[str, Any]:
 
 
 def continued_train_config(tcfg: TrainConfig, cont: ContinuationConfig) -> TrainConfig:
-    """train's settings with the continuation's length and rate schedule."""
+    """train's settings with the continuation's length (its rate: Continuation)."""
     return dataclasses.replace(
-        tcfg,
-        max_steps=cont.max_steps,
-        time_budget_minutes=cont.time_budget_minutes,
-        warmup_steps=cont.warmup_steps,
-        lr_scale=cont.lr_scale,
+        tcfg, max_steps=cont.max_steps, time_budget_minutes=cont.time_budget_minutes
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """A continuation's rate: the parent's §5.3 schedule (its warmup and scale) continued from
+    the parent's update count, capped at its last rate, times lr_factor, and ramped linearly
+    from 0 over rewarmup_steps (a fresh Adam's first moments are noise). A fixed peak does not
+    fit every model size and schedule: one above where the parent ended undoes its training."""
+
+    updates: int  # the parent's updates, its ancestors' included
+    warmup_steps: int  # the parent's §5.3 warmup ...
+    lr_scale: float  # ... and scale
+    rewarmup_steps: int
+    lr_factor: float
+
+    def base(self, updates: int, d_model: int) -> float:
+        """§5.3 at the parent's settings: d_model^-0.5 · min(u^-0.5, u · warmup^-1.5) · scale."""
+        u = max(updates, 1)
+        return self.lr_scale * d_model**-0.5 * min(u**-0.5, u * self.warmup_steps**-1.5)
+
+    def last_rate(self, d_model: int) -> float:
+        """The parent's §5.3 rate at its last update (before any train.lr_decay)."""
+        return self.base(self.updates, d_model)
+
+    def rate(self, step: int, d_model: int) -> float:
+        """The rate of the continuation's update `step` (from 1)."""
+        # a parent stopped inside its warmup would climb on: hold its last rate instead
+        on = min(self.base(self.updates + step, d_model), self.last_rate(d_model))
+        return self.lr_factor * on * min(1.0, step / self.rewarmup_steps)
+
+
+def continuation(parent_dir: Path, cont: ContinuationConfig, tcfg: TrainConfig) -> Continuation:
+    """The continuation's schedule from the package in `parent_dir`: its update count (model.pt's
+    step plus its ancestors', lineage.json) and its train settings (params.yaml; the recipe's
+    where a package has none)."""
+    parent_dir = Path(parent_dir)
+    step = int(checkpoint.load(parent_dir / MODEL, mmap=True)["step"])
+    lineage_path, params_path = parent_dir / LINEAGE, parent_dir / PARAMS
+    try:
+        scores = json.loads(lineage_path.read_text()) if lineage_path.is_file() else {}
+        theirs = yaml.safe_load(params_path.read_text()) if params_path.is_file() else {}
+    except (ValueError, yaml.YAMLError) as e:
+        raise ParentError(f"{parent_dir}: unreadable {LINEAGE} or {PARAMS} ({e})") from None
+    grand = scores.get("parent") or {}
+    train = (theirs or {}).get("train") or {}
+    return Continuation(
+        updates=step + int(grand.get("updates", grand.get("step")) or 0),
+        warmup_steps=int(train.get("warmup_steps", tcfg.warmup_steps)),
+        lr_scale=float(train.get("lr_scale", tcfg.lr_scale)),
+        rewarmup_steps=cont.rewarmup_steps,
+        lr_factor=cont.lr_factor,
     )
 
 

@@ -31,7 +31,15 @@ class Report:
     """A run's numbers: the progress bar and dvclive (rank 0), and, alone on a CPU, a watch on the
     cores other processes take (a shared CPU explains a slow run: logged, and warned of)."""
 
-    def __init__(self, live_dir: Path | None, step: int, total: int, show: bool, cpu: bool):
+    def __init__(
+        self,
+        live_dir: Path | None,
+        step: int,
+        total: int,
+        show: bool,
+        cpu: bool,
+        origin: dict | None = None,
+    ):
         self.bar = tqdm(
             total=total or None,
             initial=step,
@@ -40,6 +48,10 @@ class Report:
             dynamic_ncols=True,
         )
         self.live, self.cpu = open_live(live_dir, step), CpuShare() if cpu else None
+        if self.live is not None:  # another run's checkpoints this one went on from, if any
+            self.live.summary.pop("origin", None)
+            if origin:
+                self.live.summary["origin"] = origin
         self.since = time.monotonic()  # training time since the last log, for tokens/s
         self.metrics: dict[str, float] = {}
 

@@ -95,6 +95,22 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     return path, ""
 
 
+def started_from(ckpt: dict[str, Any] | None, run: str | None) -> dict[str, Any] | None:
+    """Where the checkpoints of run `run` began, when it resumed another run's (the run
+    workspace keeps one set of checkpoints, and a run that differs only in max_steps or
+    save_every_steps goes on from them): that run, its step and training seconds; None for a
+    fresh run. A run's resume of its own checkpoint (a retry) keeps what they recorded."""
+    if ckpt is None:
+        return None
+    if ckpt.get("run") == run:
+        return ckpt.get("origin")
+    return {
+        "from": ckpt.get("run") or "-",
+        "step": int(ckpt["step"]),
+        "seconds": ckpt["train_seconds"],
+    }
+
+
 def make_checkpoint(
     model, opt, scaler, meta, step, seconds, data, final: bool
 ) -> dict[str, Any] | None:
@@ -171,7 +187,10 @@ def load_resume(
         remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
         stale = checkpoint.list_checkpoints(ckpt_dir)
         if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
-            dist.print0(f"starting fresh ({why}): removing {len(stale)} old checkpoint(s)")
+            dist.print0(
+                f"not resuming ({why}): {len(stale)} checkpoint(s) of an earlier run in "
+                f"{ckpt_dir} removed; this run counts its steps from 1"
+            )
             for p in stale:
                 p.unlink()
         if path is None:  # the unreadable ones of the run that is being replaced

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,24 +37,49 @@ from transformer.files import sha256_file
 from transformer.ids import PAD_ID
 from transformer.learner import Learner, n_targets
 from transformer.model import Transformer
-from transformer.parent import MODEL, continued_train_config, load_parent
+from transformer.parent import (
+    MODEL,
+    Continuation,
+    ParentError,
+    continuation,
+    continued_train_config,
+    load_parent,
+)
 from transformer.precision import resolve_precision
 from transformer.report import Report
-from transformer.resume import load_resume, make_checkpoint, restore, write_checkpoint
+from transformer.resume import (
+    load_resume,
+    make_checkpoint,
+    restore,
+    started_from,
+    write_checkpoint,
+)
 from transformer.sections.model import ModelConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
 from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 
+RUN_ENV = "TRANSFORMER_RUN"  # the experiment a flow runs the stage for (flows/pipeline.py)
+
 
 class NonFiniteLoss(RuntimeError):
     pass
 
 
-def rate(step: int, cfg: TrainConfig, d_model: int, progress: float = 0.0) -> float:
-    """§5.3: lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), times lr_scale and decay."""
-    lr = cfg.lr_scale * d_model**-0.5 * min(step**-0.5, step * cfg.warmup_steps**-1.5)
+def rate(
+    step: int,
+    cfg: TrainConfig,
+    d_model: int,
+    progress: float = 0.0,
+    continued: Continuation | None = None,
+) -> float:
+    """§5.3: lr = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), times lr_scale and decay;
+    a continued retrain's: its parent's schedule continued (parent.Continuation)."""
+    if continued is not None:
+        lr = continued.rate(step, d_model)
+    else:
+        lr = cfg.lr_scale * d_model**-0.5 * min(step**-0.5, step * cfg.warmup_steps**-1.5)
     p = min(max(progress, 0.0), 1.0)  # fraction of max_steps / time budget used
     if cfg.lr_decay == "linear":
         lr *= 1.0 - p
@@ -159,9 +185,11 @@ def train(
     resume: bool = False,
     progress_bar: bool = True,
     parent: Path | None = None,
+    continued: Continuation | None = None,
 ) -> dict[str, Any]:
     """Train to max_steps / the time budget, from the weights of the package folder `parent`
-    where given (a continued retrain); returns the final step, seconds and metrics."""
+    where given (a continued retrain, at the rate `continued`); returns the final step, seconds
+    and metrics."""
     allocator.keep_freed_memory()
     rank, world, device = dist.init()
     if tcfg.threads:
@@ -187,6 +215,7 @@ def train(
         "train_shards": [s["sha256"] for s in train_set.index["shards"]],
         "output_ids": None if ids is None else ids.tolist(),
         "parent_sha256": sha256_file(Path(parent) / MODEL) if parent else None,
+        "continued": dataclasses.asdict(continued) if continued else None,  # its rate schedule
     }
 
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
@@ -197,7 +226,16 @@ def train(
     if ckpt is None and parent is not None:  # a fresh continuation: the parent's weights
         init, init_path = load_parent(parent, sha)
         checkpoint.load_weights(model, init, init_path)
-        dist.print0(f"continuing from {init_path} (trained {init['step']} steps)")
+        dist.print0(
+            f"continuing from {init_path} (trained {init['step']} steps, "
+            f"{continued.updates if continued else init['step']} with its ancestors')"
+            + (
+                f": its last rate {continued.last_rate(mcfg.d_model):.3g} x "
+                f"{continued.lr_factor}, reached over {continued.rewarmup_steps} updates"
+                if continued
+                else ""
+            )
+        )
         del init
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
     sampler = BatchSampler(
@@ -212,11 +250,13 @@ def train(
     )
     batching = {f"train/{k}": x for k, x in sampler.stats.items()}
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
+    run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
+    origin = started_from(ckpt, run)
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
     alone_on_cpu = device.type == "cpu" and world == 1
-    report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu)
+    report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu, origin=origin)
     losses = LossSums(learner.sums, step)
     model.train()
     while not clock.stop:
@@ -224,7 +264,7 @@ def train(
         batches = [next(stream) for _ in range(tcfg.update_freq)]
         pos = batches[-1][0]  # the data position after this update, for the checkpoint
         n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
-        lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1))
+        lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
         learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
         losses.add(n_tokens)
         report.bar.update(1)
@@ -246,6 +286,7 @@ def train(
         if saving:
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
+                ckpt.update(run=run, origin=origin)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
@@ -292,7 +333,9 @@ def main(argv: list[str] | None = None) -> None:
         tcfg = settings.load(TrainConfig, "train", args.params)
         rcfg = settings.load(RetrainConfig, "retrain", args.params)
         parent = args.parent if rcfg.mode == "continue" and args.parent else None
+        continued = None
         if parent is not None:
+            continued = continuation(parent, rcfg.continuation, tcfg)
             tcfg = continued_train_config(tcfg, rcfg.continuation)
         out = train(
             args.shards,
@@ -304,9 +347,18 @@ def main(argv: list[str] | None = None) -> None:
             args.resume,
             not args.no_progress,
             parent,
+            continued,
         )
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
-    except (ConfigError, CheckpointError, NonFiniteLoss, DataError, TokenizerError, OSError) as e:
+    except (
+        ConfigError,
+        CheckpointError,
+        NonFiniteLoss,
+        DataError,
+        TokenizerError,
+        ParentError,
+        OSError,
+    ) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         last = checkpoint.list_checkpoints(args.ckpt_dir)

@@ -15,20 +15,22 @@ from transformer.settings import ConfigError, at_least, choice
 @dataclass
 class ContinuationConfig:
     """How a `retrain.mode: continue` run trains on from the champion's weights: replaces
-    train.max_steps, time_budget_minutes, warmup_steps and lr_scale for that run (the rest of
-    `train` applies as it is). Adam starts afresh (fairseq's --reset-optimizer): the champion's
-    package holds the averaged weights, not its optimizer state."""
+    train.max_steps and time_budget_minutes for that run (the rest of `train` applies as it is).
+    Its rate is the champion's own: the champion's §5.3 schedule (its package's warmup_steps and
+    lr_scale) continued from its update count, never above its last rate, times lr_factor,
+    reached over rewarmup_steps. Adam starts afresh (fairseq's --reset-optimizer): the champion's
+    package holds the averaged weights, not its optimizer state, hence the short re-warmup."""
 
     max_steps: int = 150  # updates of the continuation; 0 = until the time budget
     time_budget_minutes: float = 0.0  # training wall time of the continuation; 0 = none
-    warmup_steps: int = 50  # its own §5.3 warmup, from step 1 of the continuation
-    lr_scale: float = 0.5  # multiplies its §5.3 rate (peak d_model^-0.5 * warmup^-0.5 * this)
+    rewarmup_steps: int = 30  # linear from 0 to the champion's rate over these first updates
+    lr_factor: float = 1.0  # times the champion's continued rate (never above its last one)
 
     def __post_init__(self) -> None:
         at_least("retrain.continuation", self, 0, "max_steps", "time_budget_minutes")
-        at_least("retrain.continuation", self, 1, "warmup_steps")
-        if self.lr_scale <= 0:
-            raise ConfigError(f"retrain.continuation.lr_scale must be > 0, got {self.lr_scale}")
+        at_least("retrain.continuation", self, 1, "rewarmup_steps")
+        if self.lr_factor <= 0:
+            raise ConfigError(f"retrain.continuation.lr_factor must be > 0, got {self.lr_factor}")
         if self.max_steps < 1 and self.time_budget_minutes <= 0:
             raise ConfigError(
                 "retrain.continuation.max_steps must be >= 1 unless time_budget_minutes is set"
