@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.decode import copy_model, model_files, sources  # noqa: F401 (fixtures)
+from helpers.evaluate import stage_inputs  # noqa: F401 (fixture: a tiny trained pipeline)
+from helpers.train import corpus  # noqa: F401 (fixture: a tiny corpus through the stages)
 from prefect_fixtures import prefect_server_fixture  # noqa: F401 (session Prefect server)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.checkout import checkout
 from prefect_fixtures import (
-    DVC,
-    ROOT,
     artifact,
     client,
     deployment_run,
     dvc_json,
     fetch_champion,
-    git_init,
     run_id,
     run_logs,
     served,
@@ -44,25 +41,6 @@ TINY = [
     "decode.beam_size=1",
 ]
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-
-
-def checkout(tmp_path: Path) -> Path:
-    """This checkout's files as a fresh git repository with a DVC remote."""
-    project = tmp_path / "checkout"
-    project.mkdir()
-    files = sh("git", "ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
-    tar = subprocess.run(
-        ["tar", "-cf", "-", *[f for f in files if (ROOT / f).is_file()]],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
-    git_init(project)
-    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "checkout", cwd=project)
-    return project
 
 
 def state(run: str):

@@ -8,14 +8,13 @@ import shutil
 
 import pytest
 import yaml
-from test_evaluate import stage_inputs  # noqa: F401  (the fixture: a tiny trained pipeline)
 
 from transformer import average, decode, evaluate, package
 from transformer.package import PackageError
 
 
 @pytest.fixture(scope="module")
-def scored(stage_inputs):  # noqa: F811
+def scored(stage_inputs):
     """stage_inputs averaged and evaluated: model.pt and its metrics, as dvc.yaml runs them."""
     d = stage_inputs
     params = ["--params", str(d / "params.yaml")]

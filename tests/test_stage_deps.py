@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_config import imported_modules
+from helpers.imports import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from test_train import corpus, kill_and_resume, run, write_params  # noqa: F401
+from helpers.train import corpus, kill_and_resume, run, write_params  # noqa: F401
 from torch import nn
 
 from transformer.config import ConfigError, ModelConfig, TrainConfig
