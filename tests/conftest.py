@@ -49,3 +49,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the real Prefect server is slow by definition (a server, serve processes,
+    `dvc exp run`): marked here, so `make test-fast` never starts one, whoever wrote the test."""
+    for item in items:
+        if "prefect_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -193,6 +193,7 @@ def test_ctrl_c_names_the_checkpoint_to_resume_from(corpus, tmp_path):
     assert f"interrupted; --resume continues from {newest}" in out and "Traceback" not in out
 
 
+@pytest.mark.slow  # torchrun with two gloo ranks
 def test_two_gloo_processes_match_one_process(corpus, tmp_path):
     ds = load_split(corpus / "shards", "train")
     # the same global batches: 2 ranks x 1 micro-batch == 1 process x 2 micro-batches
