@@ -223,6 +223,7 @@ def test_the_compiled_update_equals_eager_with_no_graph_break():
     torch.testing.assert_close(eager.sums, compiled.sums)
 
 
+@pytest.mark.slow  # torch.compile on a CPU
 def test_one_compiled_graph_per_batch_shape_over_epochs():
     """Compiled per shape (dynamic=False), the loss is traced once per static shape and never
     again: nothing else in it (the batch's target count, a rate) is guarded on."""

@@ -143,10 +143,12 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     assert [int(x) for x in valid[2::2]] == [3, 6]
 
 
+@pytest.mark.slow  # three train processes, one SIGKILLed
 def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
     kill_and_resume(corpus, tmp_path)
 
 
+@pytest.mark.slow  # train processes run, killed and resumed
 def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed(corpus, tmp_path):
     """A checkpoint cut short (a full disk, a dying machine) must not stop an unattended retry:
     it is named and moved aside, and the run continues from the one before, bit for bit."""
@@ -300,6 +302,7 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     )
 
 
+@pytest.mark.slow  # train processes run and resumed
 def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(corpus, tmp_path):
     params = write_params(
         tmp_path / "params.yaml",
@@ -324,6 +327,7 @@ def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(c
     assert (live / "plots" / "metrics" / "valid" / "nll.tsv").read_text().split()[2] == str(step)
 
 
+@pytest.mark.slow  # train processes run and resumed
 def test_checkpoints_store_the_precision_the_run_resolved(corpus, tmp_path):
     """train.precision auto is bf16 on one host and fp32 on another: a checkpoint records which,
     and a resume on a host that resolves it otherwise starts afresh, saying why."""
