@@ -704,8 +704,8 @@ def test_killed_serve_process_then_the_run_resumes(
     project, prefect_server: dict, controls: dict
 ) -> None:
     """kill -9 of `flows.serve` mid-train. The run crashes saying what died, the automation
-    reschedules it, the restarted serve process resumes it: Completed, no person. The restarted
-    process stays for the module's other scenarios."""
+    reschedules it, the restarted serve process resumes it: Completed, no person. Then a serve
+    process for the module's other scenarios."""
     toy, env = project.path, project.env
     hold, started = controls["TOY_HOLD"], controls["TOY_STARTED"]
     started.unlink(missing_ok=True)
@@ -738,9 +738,9 @@ def test_killed_serve_process_then_the_run_resumes(
         crashed = [s for s in c.read_flow_run_states(run) if s.is_crashed()]
     assert "the process serving this flow run" in crashed[-1].message
     hold.unlink()
-    project.serve = project.stack.enter_context(served(toy, prefect_server, **env))
-    final = finished(run)
-    printed = waiter.communicate(timeout=600)[0]
+    with served(toy, prefect_server, **env):
+        final = finished(run)
+        printed = waiter.communicate(timeout=600)[0]
     assert final.state.is_completed(), final.state
     assert waiter.returncode == 0, printed
     assert f"UUID: {run}" in printed and "Crashed: the process serving" in printed, printed
@@ -750,6 +750,7 @@ def test_killed_serve_process_then_the_run_resumes(
     assert "toy train: resuming from data/checkpoints/step_00000001.pt" in text
     assert not [p for p in psutil.process_iter(["cwd"]) if str(toy) in (p.info["cwd"] or "")]
     untouched(project)
+    project.serve = project.stack.enter_context(served(toy, prefect_server, **env))  # for the rest
 
 
 def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
