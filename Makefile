@@ -16,7 +16,8 @@ export DVC_NO_ANALYTICS ?= 1
 
 help:
 	@echo "make demo   - install into $(VENV) and run the offline demo pipeline (dvc repro)"
-	@echo "make test   - install into $(VENV) and run the whole test suite"
+	@echo "make test   - install into $(VENV) and run the whole test suite (the 15 slowest listed)"
+	@echo "make test-fast - the tests not marked slow (no Prefect server, torchrun or end-to-end run)"
 	@echo "make multi30k - the multi30k-en-de preset: real Multi30k, 60 minutes of training"
 	@echo "make setup  - only install (the tested versions, from requirements.lock)"
 	@echo "make results - every experiment, one line each: recipe, BLEU, steps, time, champion, decisions"
@@ -49,13 +50,14 @@ multi30k: setup
 	PATH=$(abspath $(BIN)):$$PATH LD_PRELOAD=$(JEMALLOC) $(BIN)/dvc repro
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show data/metrics/evaluate.json
 
+# pytest's output ends with the 15 slowest tests and the suite's count and time (what CI shows)
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=15
 
 test-fast: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow"
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 results: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m flows.results

@@ -267,6 +267,7 @@ def base(args, project: Path, url: str, log: Path) -> list[dict]:
             "train.log_every_steps=1",
             "train.precision=auto",
             "average.interval_minutes=0",
+            "decode.batch_tokens=4096",  # a CPU's batch: the preset's is a GPU's
             *args.set,
         ],
     )

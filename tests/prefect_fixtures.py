@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SERVED = "polling for scheduled runs"  # what `serve` prints once its deployments exist
 DVC = (sys.executable, "-m", "dvc")  # the venv's dvc
+# how long a server or serve process may take to start: minutes on a machine whose cores are
+# busy with other jobs (a bound that never decides a test on an idle one)
+STARTUP_S = 600.0
 
 TOY_STAGES = r"""
 import hashlib, json, os, pathlib, shutil, sys, time
@@ -240,12 +243,17 @@ def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator
             start_new_session=True,
         )
         try:
-            for _ in range(1200):
+            deadline = time.monotonic() + STARTUP_S
+            while time.monotonic() < deadline:
                 assert proc.poll() is None, (home / "server.log").read_text()
                 with contextlib.suppress(OSError):
                     if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
                         break
                 time.sleep(0.1)
+            else:
+                raise AssertionError(
+                    f"the server never answered:\n{(home / 'server.log').read_text()}"
+                )
             client_env = {
                 **env,
                 "PREFECT_API_URL": url,
@@ -292,7 +300,8 @@ def served(
             start_new_session=True,
         )
         try:
-            for _ in range(1200):
+            deadline = time.monotonic() + STARTUP_S
+            while time.monotonic() < deadline:
                 assert proc.poll() is None, log_path.read_text()
                 if SERVED in log_path.read_text():
                     break

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.imports import imported_modules
 
 from transformer import config, settings
 from transformer.sections.model import ModelConfig
@@ -146,32 +147,6 @@ def test_sweep_variants_are_valid_params(tmp_path, load_benchmark):
     typo = config.merge(base, sweep.overrides_to_tree({"train.lr_scael": 1.0}))
     with pytest.raises(ConfigError, match="train.lr_scael"):
         config.load_all(write(tmp_path / "typo.yaml", typo))
-
-
-def imported_modules(root: Path, module: str) -> set[str]:
-    """The project's module files (transformer/..., flows/...) that `module` (dotted) imports,
-    transitively, itself included; imports inside functions count too: they run with it."""
-    import ast
-
-    def path(dotted: str) -> str | None:
-        rel = dotted.replace(".", "/") + ".py"
-        return rel if (root / rel).is_file() else None
-
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        mod = todo.pop()
-        rel = path(mod)
-        if rel is None or rel in seen:
-            continue
-        seen.add(rel)
-        for node in ast.walk(ast.parse((root / rel).read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                # `from pkg import mod` names a module; `from pkg.mod import name` does not
-                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                todo += [a.name for a in node.names]
-    return seen
 
 
 def test_every_stage_depends_on_the_modules_it_runs():

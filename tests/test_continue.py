@@ -135,6 +135,7 @@ def test_parent_stage_in_scratch_mode_leaves_only_none(tmp_path):
     assert [f.name for f in (tmp_path / "p").iterdir()] == [NONE]
 
 
+@pytest.mark.slow  # the champion fixture: the stages' CLIs to a package
 def test_parent_stage_names_what_is_missing(tmp_path, champion):
     with pytest.raises(ParentError, match="retrain.parent is empty"):
         check(tmp_path, "")
@@ -153,6 +154,7 @@ def test_parent_stage_names_what_is_missing(tmp_path, champion):
         check(bad, "v3.0.0")
 
 
+@pytest.mark.slow  # the champion fixture: the stages' CLIs to a package
 def test_a_kept_tokenizer_must_match_the_recipe(champion, tmp_path):
     raw, pkg = champion
     cont = {"mode": "continue", "parent": "v1.0.0"}
@@ -178,6 +180,7 @@ def test_a_kept_tokenizer_must_match_the_recipe(champion, tmp_path):
     assert not (tmp_path / "tok").exists()
 
 
+@pytest.mark.slow  # the champion fixture: the stages' CLIs to a package
 def test_the_oov_rate_counts_words_the_tokenizer_leaves_to_bytes(champion, tmp_path):
     raw, pkg = champion
     tok = load_tokenizer(pkg / "tokenizer")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_decode import copy_model, model_files, sources, translate_file  # noqa: F401
-from test_train import MODEL, TRAIN, kill_and_resume, write_params
+from helpers.decode import copy_model, model_files, sources, translate_file  # noqa: F401
+from helpers.train import MODEL, TRAIN, kill_and_resume, write_params
 from torch.profiler import ProfilerActivity, profile
 
 from transformer import checkpoint, ops, precision, shard, tokenizer, train

@@ -6,8 +6,8 @@ import json
 import logging
 
 import pytest
+from helpers.download import TGZ, Server, hub_replica, local, run_cli, wmt_cfg, write
 from sacrebleu.dataset import DATASETS
-from test_download import TGZ, Server, hub_replica, local, run_cli, wmt_cfg, write
 
 from transformer import config, wmt
 from transformer.evaluate import read_split

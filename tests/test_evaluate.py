@@ -5,12 +5,10 @@ import random
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
+from helpers.evaluate import LINES
 
 from flows.dag import Stage
 from flows.lineage import Snapshot, flatten, lineage
@@ -18,23 +16,7 @@ from transformer import average, checkpoint, evaluate
 from transformer.evaluate import TOK_BLEU, score, tokenize_compound_split
 from transformer.files import sha256_file
 from transformer.metrics import KEYS
-from transformer.model import Transformer
-from transformer.sections.model import ModelConfig
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.tokenizer import save_tokenizer, train_tokenizer
 from transformer.vocab import tokenizer_sha256
-
-LINES = [
-    "Ein Hund läuft im Park.",
-    "Zwei Männer spielen Fußball.",
-    "Eine Frau liest ein Buch.",
-    "Das Kind isst einen Apfel.",
-    "Ein Mann fährt Fahrrad.",
-    "Die Katze schläft.",
-    "Ein Mädchen singt ein Lied.",
-    "Drei Leute warten am Bahnhof.",
-]
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -94,43 +76,6 @@ def test_compound_splitting_follows_get_ende_bleu():
     assert "get_ende_bleu" in s[TOK_BLEU + "_method"]
     s = score(["Das E Mail Programm ist neu."], refs, "de")
     assert s[TOK_BLEU] < 100.0
-
-
-@pytest.fixture(scope="module")
-def stage_inputs(tmp_path_factory) -> Path:
-    """raw/{valid,test}.{en,de}, a tokenizer, two checkpoints, params.yaml: a tiny pipeline."""
-    d = tmp_path_factory.mktemp("evaluate")
-    raw = d / "raw"
-    raw.mkdir()
-    for split in ("valid", "test"):
-        (raw / f"{split}.de").write_text("\n".join(LINES) + "\n", encoding="utf-8")
-        (raw / f"{split}.en").write_text("\n".join(LINES[::-1]) + "\n", encoding="utf-8")
-    tok = train_tokenizer([raw / "valid.de"], TokenizerConfig(vocab_size=300, min_frequency=1))
-    save_tokenizer(tok, d / "tokenizer", {})
-    cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
-    for step in (1, 2):
-        torch.manual_seed(step)
-        checkpoint.save(
-            d / "ckpts" / f"step_{step:08d}.pt",
-            {
-                "model": Transformer(cfg, tok.get_vocab_size()).state_dict(),
-                "model_config": asdict(cfg),
-                "vocab_size": tok.get_vocab_size(),
-                "step": step,
-                "train_seconds": float(step),
-                "tokenizer_sha256": tokenizer_sha256(d / "tokenizer"),
-            },
-        )
-    (d / "params.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "average": {"last_k": 2},
-                "evaluate": {"split": "test"},
-                "decode": {"beam_size": 2, "max_len_b": 5},
-            }
-        )
-    )
-    return d
 
 
 def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):

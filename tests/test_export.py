@@ -11,8 +11,6 @@ from dataclasses import asdict
 import pytest
 import torch
 import yaml
-from test_evaluate import stage_inputs  # noqa: F401  (the fixture: a tiny pipeline)
-from test_package import scored  # noqa: F401  (stage_inputs averaged and evaluated)
 
 from transformer import checkpoint, export, package
 from transformer.beam import translate_ids
@@ -28,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def pkg(scored, tmp_path_factory):  # noqa: F811
+def pkg(scored, tmp_path_factory):
     """The package stage's folder with both exports (hf/, ctranslate2/ in float32)."""
     d = scored
     params = yaml.safe_load((d / "params.yaml").read_text())
@@ -80,7 +78,7 @@ def ct2_ids(pkg, lines: list[str], cfg: DecodeConfig) -> list[list[int]]:
     return out
 
 
-def test_greedy_outputs_equal_ours_token_for_token(pkg, scored):  # noqa: F811
+def test_greedy_outputs_equal_ours_token_for_token(pkg, scored):
     lines = (scored / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
     cfg = DecodeConfig(beam_size=1, max_len_b=5)
     srcs, want = ours(pkg, lines, cfg)
@@ -91,7 +89,7 @@ def test_greedy_outputs_equal_ours_token_for_token(pkg, scored):  # noqa: F811
     assert all(want)  # something to compare: no empty outputs
 
 
-def test_beam_outputs_equal_ours_under_the_shared_penalty(pkg, scored):  # noqa: F811
+def test_beam_outputs_equal_ours_under_the_shared_penalty(pkg, scored):
     """α = 0 (log-probability alone) is the one penalty HF's len^α, CTranslate2's len^α and
     GNMT's ((5+len)/6)^α share: then the three beam searches agree."""
     lines = (scored / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
@@ -124,7 +122,7 @@ def test_the_generation_config_saves_for_any_beam(beam_size, tmp_path):
     assert saved.get("length_penalty") == (0.6 if beam_size > 1 else None)
 
 
-def test_the_model_card(pkg, scored):  # noqa: F811
+def test_the_model_card(pkg, scored):
     card = (pkg / "README.md").read_text(encoding="utf-8")
     _, front, body = card.split("---\n", 2)
     meta = yaml.safe_load(front)
@@ -152,7 +150,7 @@ def variant(pkg, out, **model_config):
     return out
 
 
-def test_an_untied_model_is_exported_as_trained(pkg, scored, tmp_path):  # noqa: F811
+def test_an_untied_model_is_exported_as_trained(pkg, scored, tmp_path):
     """Marian holds separate encoder, decoder and output matrices too."""
     untied = variant(pkg, tmp_path / "untied", tie_embeddings=False)
     export.export(untied, "hf", untied / "hf")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +85,7 @@ class Served:
     env: dict[str, str]  # what the serve process was given
     params_before: bytes  # params.yaml before any run
     serve: subprocess.Popen
+    stack: contextlib.ExitStack  # holds the serve process (a test that kills it starts another)
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +96,62 @@ def project(
     controls: dict[str, Path],
 ) -> Iterator[Served]:
     """One toy project with a DVC remote, served by `python -m flows.serve`, for the scenario
-    tests below, in order: demo run, retraining, a failed run, manual experiments through the
-    gate, a fresh clone, and last the killed serve process."""
+    tests below. They run in any order: each takes the state it needs from the `fresh` or
+    `champion` fixture, and the killed-serve scenario leaves a new serve process behind."""
     toy = copy_toy(toy_template, tmp_path_factory.mktemp("served") / "toy")
     sh(*DVC, "remote", "add", "-d", "store", str(toy.parent / "remote"), cwd=toy)
     sh("git", "commit", "-qam", "a DVC remote", cwd=toy)
     env = {**{k: str(v) for k, v in controls.items()}, "TOY_CORPUS": str(toy.parent / "corpus")}
     saved = os.environ.get("TOY_CORPUS")
     os.environ["TOY_CORPUS"] = env["TOY_CORPUS"]
-    with served(toy, prefect_server, **env) as proc:
-        yield Served(toy, env, (toy / "params.yaml").read_bytes(), proc)
+    with contextlib.ExitStack() as stack:
+        proc = stack.enter_context(served(toy, prefect_server, **env))
+        yield Served(toy, env, (toy / "params.yaml").read_bytes(), proc, stack)
     os.environ.pop("TOY_CORPUS") if saved is None else os.environ.__setitem__("TOY_CORPUS", saved)
+
+
+def clear_registry(toy: Path) -> None:
+    """No champion, no decision: every tag (the registry's only state) deleted."""
+    if names := sh("git", "tag", "--list", cwd=toy).split():
+        sh("git", "tag", "-d", *names, cwd=toy)
+
+
+@pytest.fixture
+def fresh(project: Served, controls: dict[str, Path]) -> Served:
+    """The served project as if no run had happened: no registry tags, no run workspace, an
+    empty DVC cache (nothing for the run-cache to restore) and an empty stage log."""
+    toy = project.path
+    clear_registry(toy)
+    if (toy / WORKSPACE).exists():
+        sh("git", "worktree", "remove", "--force", str(toy / WORKSPACE), cwd=toy)
+    shutil.rmtree(toy / ".dvc" / "cache", ignore_errors=True)
+    controls["TOY_RUNLOG"].write_text("")
+    return project
+
+
+@pytest.fixture(scope="module")
+def champion_tags(project: Served, controls: dict[str, Path]) -> list[tuple[str, str]]:
+    """v1.0.0 at BLEU 60, as the first scheduled retrain makes it (the demo recipe, retrained
+    in-process), built once per module: the tag refs it left, (object, ref)."""
+    from flows import registry
+    from flows.retrain import retrain
+
+    clear_registry(project.path)
+    out = retrain(preset="demo", project=str(project.path))
+    assert out["promoted"] and registry.champion(project.path)["bleu"] == 60.0, out["reason"]
+    refs = sh(
+        "git", "for-each-ref", "refs/tags", "--format=%(objectname) %(refname)", cwd=project.path
+    )
+    return [tuple(line.split()) for line in refs.splitlines()]
+
+
+@pytest.fixture
+def champion(project: Served, champion_tags: list[tuple[str, str]]) -> Served:
+    """The served project whose registry holds exactly the v1.0.0 champion at BLEU 60."""
+    clear_registry(project.path)
+    for obj, ref in champion_tags:
+        sh("git", "update-ref", ref, obj, cwd=project.path)
+    return project
 
 
 def flow_run(run: str):
@@ -405,6 +453,7 @@ def experiment(toy: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fresh")
 def test_demo_deployment_end_to_end(
     project, prefect_server: dict, controls: dict, tmp_path: Path
 ) -> None:
@@ -473,6 +522,7 @@ def test_demo_deployment_end_to_end(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fresh")
 def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, controls: dict) -> None:
     """A one-off run with an override does not leak into the scheduled retrain, which trains
     its own recipe (serve's: the demo preset), waits for its concurrency slot, and becomes the
@@ -526,6 +576,7 @@ def test_one_off_run_then_scheduled_retrain(project, prefect_server: dict, contr
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("champion")
 def test_retrain_considers_code_and_recipe_changes_and_runs_queue(
     project, prefect_server: dict, controls: dict
 ) -> None:
@@ -590,6 +641,7 @@ def test_a_failed_run_names_its_cause_and_changes_nothing(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("champion")
 def test_manual_experiments_go_through_the_same_gate(project, prefect_server: dict) -> None:
     """`dvc exp run` by hand, then `python -m flows.promote NAME`: a better one is promoted, a
     worse one refused with the reason in the promotion-decision artifact."""
@@ -632,7 +684,7 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
 @pytest.mark.slow
 def test_the_champion_from_a_fresh_clone(project, prefect_server: dict, tmp_path: Path) -> None:
     """git clone + `dvc artifacts get . transformer --stage prod` (the DVC remote holds it).
-    It promotes its own champion first (BLEU 95 beats any the scenario makes): no test order."""
+    It promotes its own champion first (BLEU 95 beats any the other scenarios make)."""
     toy = project.path
     # TOY_BARRIER off: `dvc exp run` runs the stages one after another
     cli = {**prefect_server, **project.env, "PYTHONPATH": str(toy), "TOY_BARRIER": ""}
@@ -651,8 +703,9 @@ def test_the_champion_from_a_fresh_clone(project, prefect_server: dict, tmp_path
 def test_killed_serve_process_then_the_run_resumes(
     project, prefect_server: dict, controls: dict
 ) -> None:
-    """Runs last: kill -9 of `flows.serve` mid-train. The run crashes saying what died, the
-    automation reschedules it, the restarted serve process resumes it: Completed, no person."""
+    """kill -9 of `flows.serve` mid-train. The run crashes saying what died, the automation
+    reschedules it, the restarted serve process resumes it: Completed, no person. Then a serve
+    process for the module's other scenarios."""
     toy, env = project.path, project.env
     hold, started = controls["TOY_HOLD"], controls["TOY_STARTED"]
     started.unlink(missing_ok=True)
@@ -697,6 +750,7 @@ def test_killed_serve_process_then_the_run_resumes(
     assert "toy train: resuming from data/checkpoints/step_00000001.pt" in text
     assert not [p for p in psutil.process_iter(["cwd"]) if str(toy) in (p.info["cwd"] or "")]
     untouched(project)
+    project.serve = project.stack.enter_context(served(toy, prefect_server, **env))  # for the rest
 
 
 def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):

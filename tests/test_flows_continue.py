@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.checkout import checkout
 from prefect_fixtures import DVC, sh
-from test_flows_real import checkout
 
 from flows import lineage, registry, results
 from flows.dag import locked_outs, read_dag

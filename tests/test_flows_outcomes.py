@@ -8,34 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from prefect_fixtures import BIN, DVC, ROOT, make_toy, served, sh
-
-DOC = ROOT / "docs/orchestration.md"
-STEPS = "## A first run, step by step"
-
-
-def walkthrough() -> list[list[str]]:
-    """The commands of the doc's walkthrough block, one argv each (comments dropped)."""
-    text = DOC.read_text()
-    assert STEPS in text, f"{DOC}: no section {STEPS!r}"
-    block = text.split(STEPS, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    return [argv for line in block.splitlines() if (argv := shlex.split(line, comments=True))]
-
-
-def readme_fetch() -> list[str]:
-    """The README's command that fetches the champion."""
-    (line,) = [
-        line
-        for line in (ROOT / "README.md").read_text().splitlines()
-        if line.startswith("dvc artifacts get")
-    ]
-    return shlex.split(line, comments=True)
+from helpers.docs import readme_fetch, walkthrough
+from prefect_fixtures import BIN, DVC, make_toy, served, sh
 
 
 def runnable(argv: list[str], subst: dict[str, str]) -> list[str]:
@@ -140,9 +119,10 @@ def test_a_run_that_went_on_from_another_runs_checkpoints_says_so_with_its_own_t
     (a retry of its own keeps that), and make results counts only the run's own seconds."""
     import json
 
-    from test_train import download, shard, tokenizer, write_params
+    from helpers.train import write_params
 
     from flows import results
+    from transformer import download, shard, tokenizer
 
     p = str(write_params(tmp_path / "params.yaml", max_steps=4))
     download.main([str(tmp_path / "raw"), "--params", p])

@@ -7,28 +7,25 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.checkout import checkout
+from helpers.docs import walkthrough
 from prefect_fixtures import (
     BIN,
-    DVC,
-    ROOT,
     artifact,
     client,
     deployment_run,
     dvc_json,
     fetch_champion,
-    git_init,
     run_id,
     run_logs,
     served,
     sh,
     wait_until,
 )
-from test_flows_outcomes import walkthrough
 
 from flows.workspace import WORKSPACE
 
@@ -59,25 +56,6 @@ out = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
 ours = [m for m in sys.modules if m.split(".")[0] in ("transformer", "flows")]
 print(f"{len(out)} translations, project modules imported: {ours}")
 """
-
-
-def checkout(tmp_path: Path) -> Path:
-    """This checkout's files as a fresh git repository with a DVC remote."""
-    project = tmp_path / "checkout"
-    project.mkdir()
-    files = sh("git", "ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
-    tar = subprocess.run(
-        ["tar", "-cf", "-", *[f for f in files if (ROOT / f).is_file()]],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
-    git_init(project)
-    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "checkout", cwd=project)
-    return project
 
 
 def state(run: str):

@@ -50,7 +50,7 @@ def check(tmp_path_factory) -> tuple[dict, Path]:
     return json.loads((out / "results.json").read_text()), out
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the reduced GPU check on the CPU: pytest inside, then every section
 def test_every_section_writes_finite_figures(check):
     r, out = check
     assert r["errors"] == [] and r["skipped"] == [], (r["errors"], r["skipped"])

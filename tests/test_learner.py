@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from test_static import MODEL, V, lengths, pairs
+from helpers.static import MODEL, V, lengths, pairs
 from torch import Tensor
 
 from transformer import graphs, learner, resume

@@ -8,31 +8,9 @@ import shutil
 
 import pytest
 import yaml
-from test_evaluate import stage_inputs  # noqa: F401  (the fixture: a tiny trained pipeline)
 
-from transformer import average, decode, evaluate, package
+from transformer import decode, package
 from transformer.package import PackageError
-
-
-@pytest.fixture(scope="module")
-def scored(stage_inputs):  # noqa: F811
-    """stage_inputs averaged and evaluated: model.pt and its metrics, as dvc.yaml runs them."""
-    d = stage_inputs
-    params = ["--params", str(d / "params.yaml")]
-    average.main([str(d / "ckpts"), str(d / "avg.pt"), *params])
-    evaluate.main(
-        [
-            str(d / "avg.pt"),
-            str(d / "tokenizer"),
-            str(d / "raw"),
-            str(d / "ev"),
-            "--metrics",
-            str(d / "ev.json"),
-            "--no-progress",
-            *params,
-        ]
-    )
-    return d
 
 
 def test_the_package_holds_what_translating_needs(scored, tmp_path):

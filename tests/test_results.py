@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from prefect_fixtures import git_init, sh
 
 from flows import results
@@ -63,6 +64,7 @@ def project(path: Path, header: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # dvc repro and dvc exp run in two projects
 def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path):
     """Experiments of an older commit stay listed after a new one; the champion is marked, each
     decision (promoted or refused) given with its reason, read back from git alone."""

@@ -3,7 +3,7 @@
 A copy of the project in a temporary git repository, its pipeline locked with `dvc commit` over
 stand-in outputs (what `dvc status` compares against is dvc.lock, not what the stages wrote, so
 nothing needs to train); then each module in turn gets one more line, and `dvc status` must name
-exactly the stages whose entry module imports it (tests/test_config.py's reading of the imports).
+exactly the stages whose entry module imports it (tests/helpers/imports.py reads the imports).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_config import imported_modules
+from helpers.imports import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 

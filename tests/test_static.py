@@ -12,31 +12,15 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from test_train import corpus, kill_and_resume, run, write_params  # noqa: F401
+from helpers.static import MODEL, V, lengths, pairs
+from helpers.train import corpus, kill_and_resume, run, write_params  # noqa: F401
 from torch import nn
 
 from transformer.config import ConfigError, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, boundaries, collate
-from transformer.ids import EOS_ID
 from transformer.learner import Learner, WithLoss, compile_model, n_targets
 from transformer.model import Transformer
 from transformer.train import update_path
-
-MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.0}
-V = 40
-
-
-def lengths(n: int, seed: int = 0, longest: int = 30) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.integers(1, longest, n), rng.integers(1, longest, n)
-
-
-def pairs(src_lens, tgt_lens, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [
-        (np.append(rng.integers(4, V, s - 1), EOS_ID), np.append(rng.integers(4, V, t - 1), EOS_ID))
-        for s, t in zip(src_lens, tgt_lens)
-    ]
 
 
 @pytest.mark.parametrize("world, group", [(1, 1), (2, 1), (3, 2)])
@@ -223,6 +207,7 @@ def test_the_compiled_update_equals_eager_with_no_graph_break():
     torch.testing.assert_close(eager.sums, compiled.sums)
 
 
+@pytest.mark.slow  # torch.compile on a CPU
 def test_one_compiled_graph_per_batch_shape_over_epochs():
     """Compiled per shape (dynamic=False), the loss is traced once per static shape and never
     again: nothing else in it (the batch's target count, a rate) is guarded on."""

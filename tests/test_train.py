@@ -13,87 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from helpers.train import kill_and_resume, run, write_params
 
-from transformer import checkpoint, download, precision, shard, tokenizer, train
+from transformer import checkpoint, precision, train
 from transformer.cpu_share import CpuShare
 from transformer.data import BatchSampler, load_split
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
-
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1}
-TRAIN = {
-    "max_tokens": 256,
-    "max_steps": 6,
-    "warmup_steps": 4,
-    "lr_scale": 2.0,
-    "threads": 1,
-    "save_every_steps": 2,
-    "save_every_minutes": 0.0,
-    "keep_last": 2,
-    "valid_every_steps": 3,
-    "log_every_steps": 1,
-}
-
-
-def write_params(path: Path, model: dict | None = None, **train_over) -> Path:
-    params = {
-        "download": {"synthetic": {"train": 300, "valid": 30, "test": 10}},
-        "tokenizer": {"vocab_size": 300, "min_frequency": 1},
-        "model": {**MODEL, **(model or {})},
-        "train": {**TRAIN, **train_over},
-    }
-    path.write_text(yaml.safe_dump(params))
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A tiny synthetic corpus through the real download -> tokenizer -> shard stages."""
-    d = tmp_path_factory.mktemp("corpus")
-    p = str(write_params(d / "params.yaml"))
-    download.main([str(d / "raw"), "--params", p])
-    tokenizer.main([str(d / "raw"), str(d / "tok"), "--params", p])
-    shard.main([str(d / "raw"), str(d / "tok"), str(d / "shards"), "--params", p])
-    return d
-
-
-def run(
-    corpus: Path, ckpt: Path, params: Path, *extra: str, nproc: int = 0, wait: bool = True
-) -> subprocess.Popen | str:
-    """The real CLI in a subprocess (python, or torchrun with `nproc` gloo ranks): its output."""
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    cmd = [
-        *launcher,
-        "-m",
-        "transformer.train",
-        str(corpus / "shards"),
-        str(corpus / "tok"),
-        str(ckpt),
-        "--params",
-        str(params),
-        "--no-progress",
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # A shell's background job (`make test &`) ignores SIGINT, a child inherits an ignored signal,
-    # and its Python then installs no KeyboardInterrupt handler for the Ctrl-C test to reach: a
-    # handled one in this process is reset to the default in the child instead.
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    if wait:
-        out, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, out
-        return out
-    return proc
 
 
 def test_rate_peaks_at_warmup_and_decays():
@@ -217,46 +143,12 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
     assert [int(x) for x in valid[2::2]] == [3, 6]
 
 
+@pytest.mark.slow  # three train processes, one SIGKILLed
 def test_sigkill_then_resume_is_bit_exact(corpus, tmp_path):
     kill_and_resume(corpus, tmp_path)
 
 
-def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
-    """A run of 40 steps, and one SIGKILLed after its first checkpoint and resumed: their
-    step-40 checkpoints are equal bit for bit. The uninterrupted run's output (test_cuda.py
-    runs this on a GPU in bf16 and fp16)."""
-    params = write_params(
-        tmp_path / "params.yaml",
-        max_steps=40,
-        save_every_steps=5,
-        keep_last=0,
-        valid_every_steps=20,
-        log_every_steps=5,
-        **train_over,
-    )
-    out = run(corpus, tmp_path / "full", params)
-    proc = run(corpus, tmp_path / "killed", params, "--resume", wait=False)
-    first = checkpoint.step_path(tmp_path / "killed", 5)
-    while not first.exists() and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)  # no cleanup, no final checkpoint
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, "finished before it could be killed"
-    done = checkpoint.list_checkpoints(tmp_path / "killed")
-    newest = checkpoint.load(done[-1])["step"]
-    assert done[0] == first and newest < 40  # killed mid-way (normally right after step 5)
-    resumed = run(corpus, tmp_path / "killed", params, "--resume")
-    assert f"resuming from {done[-1]} (step {newest})" in resumed
-    a = checkpoint.load(checkpoint.step_path(tmp_path / "full", 40))
-    b = checkpoint.load(checkpoint.step_path(tmp_path / "killed", 40))
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k  # bit for bit
-    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
-        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
-    assert a["data"] == b["data"] and a["scaler"] == b["scaler"]
-    return out
-
-
+@pytest.mark.slow  # train processes run, killed and resumed
 def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed(corpus, tmp_path):
     """A checkpoint cut short (a full disk, a dying machine) must not stop an unattended retry:
     it is named and moved aside, and the run continues from the one before, bit for bit."""
@@ -303,6 +195,7 @@ def test_ctrl_c_names_the_checkpoint_to_resume_from(corpus, tmp_path):
     assert f"interrupted; --resume continues from {newest}" in out and "Traceback" not in out
 
 
+@pytest.mark.slow  # torchrun with two gloo ranks
 def test_two_gloo_processes_match_one_process(corpus, tmp_path):
     ds = load_split(corpus / "shards", "train")
     # the same global batches: 2 ranks x 1 micro-batch == 1 process x 2 micro-batches
@@ -409,6 +302,7 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     )
 
 
+@pytest.mark.slow  # train processes run and resumed
 def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(corpus, tmp_path):
     params = write_params(
         tmp_path / "params.yaml",
@@ -433,6 +327,7 @@ def test_a_finished_budget_run_resumes_without_a_step_and_restores_lost_curves(c
     assert (live / "plots" / "metrics" / "valid" / "nll.tsv").read_text().split()[2] == str(step)
 
 
+@pytest.mark.slow  # train processes run and resumed
 def test_checkpoints_store_the_precision_the_run_resolved(corpus, tmp_path):
     """train.precision auto is bf16 on one host and fp32 on another: a checkpoint records which,
     and a resume on a host that resolves it otherwise starts afresh, saying why."""

@@ -4,7 +4,7 @@ import tarfile
 
 import pytest
 import requests
-from test_download import run_cli
+from helpers.download import run_cli
 
 from transformer import config
 

@@ -1,0 +1,32 @@
+"""A real pipeline checkout for the real-server flow tests."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from prefect_fixtures import (
+    DVC,
+    ROOT,
+    git_init,
+    sh,
+)
+
+
+def checkout(tmp_path: Path) -> Path:
+    """This checkout's files as a fresh git repository with a DVC remote."""
+    project = tmp_path / "checkout"
+    project.mkdir()
+    files = sh("git", "ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
+    tar = subprocess.run(
+        ["tar", "-cf", "-", *[f for f in files if (ROOT / f).is_file()]],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
+    git_init(project)
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
+    sh("git", "add", "-A", cwd=project)
+    sh("git", "commit", "-qm", "checkout", cwd=project)
+    return project

@@ -1,0 +1,29 @@
+"""What a module imports: the project files a DVC stage running it depends on."""
+
+from pathlib import Path
+
+
+def imported_modules(root: Path, module: str) -> set[str]:
+    """The project's module files (transformer/..., flows/...) that `module` (dotted) imports,
+    transitively, itself included; imports inside functions count too: they run with it."""
+    import ast
+
+    def path(dotted: str) -> str | None:
+        rel = dotted.replace(".", "/") + ".py"
+        return rel if (root / rel).is_file() else None
+
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        mod = todo.pop()
+        rel = path(mod)
+        if rel is None or rel in seen:
+            continue
+        seen.add(rel)
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # `from pkg import mod` names a module; `from pkg.mod import name` does not
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+    return seen
