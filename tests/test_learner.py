@@ -141,19 +141,20 @@ def test_a_resumed_adam_keeps_how_this_run_built_it(how):
     assert state["param_groups"][0].get("capturable") is False  # the saved dict is not changed
 
 
-def test_a_compiled_learner_allows_a_graph_for_every_static_shape(capsys, monkeypatch):
+def test_a_compiled_learner_allows_a_graph_for_every_static_shape(capsys):
     """Compiled per shape (or a dynamic graph specialised), static batches' shapes (one per
     length boundary) must not hit dynamo's recompile limit (8), which fullgraph makes an error."""
     import torch._dynamo
 
     from transformer.data import boundaries
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     mcfg = ModelConfig(**MODEL)
-    Learner(
-        mcfg, TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True, compile=True,
-        compile_backend="aot_eager", compile_dynamic=False,
-    )  # fmt: skip
     shapes = len(boundaries(mcfg.max_positions))
-    assert torch._dynamo.config.recompile_limit == shapes + 1 > 8
+    # torch's own patch restores the limit after (pytest's monkeypatch leaves the config broken)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        Learner(
+            mcfg, TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True, compile=True,
+            compile_backend="aot_eager", compile_dynamic=False,
+        )  # fmt: skip
+        assert torch._dynamo.config.recompile_limit == shapes + 1 > 8
     assert f"a graph per shape (recompile limit {shapes + 1}" in capsys.readouterr().out
