@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prefect_fixtures import DVC, git_init, sh
+from helpers.checkout import checkout
+from prefect_fixtures import DVC, sh
 
 from flows.pipeline import prepare
 from flows.promote import retrain_margin
@@ -63,24 +64,6 @@ def test_each_reason_for_scratch_is_named_and_the_probe_runs_only_when_needed():
     assert "more than retrain.max_oov_rate 40.00%" in oov.why
 
 
-def project_copy(tmp_path: Path) -> Path:
-    """This checkout's files (tracked and new) as a fresh git repository."""
-    project = tmp_path / "project"
-    project.mkdir()
-    files = sh("git", "ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
-    tar = subprocess.run(
-        ["tar", "-cf", "-", *[f for f in files if (ROOT / f).is_file()]],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
-    git_init(project)
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "checkout", cwd=project)
-    return project
-
-
 def set_params(project: Path, **retrain) -> None:
     path = project / "params.yaml"
     params = yaml.safe_load(path.read_text())
@@ -92,7 +75,7 @@ def set_params(project: Path, **retrain) -> None:
 def test_the_gate_settings_leave_dvc_status_clean(tmp_path):
     """The parent stage reads the retrain section (retrain.mode, retrain.parent): an edit of the
     margin or the OOV limit leaves it up to date, and no stage lists those keys."""
-    project = project_copy(tmp_path)
+    project = checkout(tmp_path, remote=False)
     sh(*DVC, "repro", "--single-item", "parent", cwd=project)
 
     def status() -> dict:
@@ -115,7 +98,7 @@ def test_the_gate_settings_leave_dvc_status_clean(tmp_path):
 def test_overrides_are_checked_by_the_runs_revision(tmp_path):
     """A key that only the run's revision has is accepted; one that no revision has is refused,
     named, before anything is written."""
-    project = project_copy(tmp_path)
+    project = checkout(tmp_path, remote=False)
     section = project / "transformer/sections/evaluate.py"
     text = section.read_text()
     anchor = "    split: str"

@@ -13,8 +13,8 @@ from prefect_fixtures import (
 )
 
 
-def checkout(tmp_path: Path) -> Path:
-    """This checkout's files as a fresh git repository with a DVC remote."""
+def checkout(tmp_path: Path, remote: bool = True) -> Path:
+    """This checkout's files as a fresh git repository, with a DVC remote (`store`) unless not."""
     project = tmp_path / "checkout"
     project.mkdir()
     files = sh("git", "ls-files", "-co", "--exclude-standard", cwd=ROOT).split()
@@ -26,7 +26,8 @@ def checkout(tmp_path: Path) -> Path:
     ).stdout
     subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
     git_init(project)
-    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
+    if remote:
+        sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
     sh("git", "add", "-A", cwd=project)
     sh("git", "commit", "-qm", "checkout", cwd=project)
     return project
