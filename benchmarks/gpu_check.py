@@ -75,7 +75,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -218,17 +217,9 @@ def _version(module: str) -> str | None:
 
 def _gpu_state() -> str | None:
     """nvidia-smi's name, clocks and power limit (read only), for the record."""
-    q = "name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu"
-    try:
-        return subprocess.run(
-            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return gpu_sections.smi(
+        "name,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu"
+    )
 
 
 def peer_step(name: str, shape: str, chk: Check):

@@ -180,7 +180,7 @@ def preflight(device: torch.device) -> dict:
         free, total = torch.cuda.mem_get_info(device)
         out["gpu_free_gib"], out["gpu_total_gib"] = round(free / 2**30, 1), round(total / 2**30, 1)
         out["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        out["driver"] = _smi("driver_version")
+        out["driver"] = smi("driver_version")
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     header = Path(sysconfig.get_paths()["include"]) / "Python.h"
     out["c_compiler"], out["python_h"] = cc, str(header) if header.exists() else None
@@ -198,7 +198,8 @@ def preflight(device: torch.device) -> dict:
     return out
 
 
-def _smi(field: str) -> str | None:
+def smi(field: str) -> str | None:
+    """nvidia-smi's answer for the fields asked (read only), or None without a driver."""
     try:
         return subprocess.run(
             ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
