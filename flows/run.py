@@ -116,6 +116,23 @@ def outcome(client, run) -> list[str]:
     return [*warned, *told]
 
 
+def settled_outcome(client, run, rounds: int = 3) -> list[str]:
+    """outcome() once the run's last logs have reached the server: the run's process sends its
+    logs in batches (every `logging.to_api.batch_interval` s), so a warning logged just before
+    the end may land after the final state. Read again a batch later until nothing new comes."""
+    from prefect.settings import get_current_settings
+
+    wait_s = get_current_settings().logging.to_api.batch_interval + 0.5
+    lines = outcome(client, run)
+    for _ in range(rounds):
+        time.sleep(wait_s)
+        again = outcome(client, run)
+        if again == lines:
+            break
+        lines = again
+    return lines
+
+
 def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float = 2.0) -> int:
     """Print the run's progress until it ends; its exit status (EXIT, or TIMEOUT)."""
     import httpx
@@ -142,7 +159,7 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
         if kind in EXIT:
             verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
             with contextlib.suppress(httpx.HTTPError, OSError), get_client(sync_client=True) as c:
-                for line in outcome(c, run):
+                for line in settled_outcome(c, run):
                     say(line)
             if kind != "COMPLETED":
                 failed = list(follower.failed.values())
