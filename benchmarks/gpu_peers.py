@@ -24,6 +24,7 @@ from transformer.beam import batches as decode_batches
 from transformer.beam import beam_search
 from transformer.config import ModelConfig
 from transformer.data import BatchSampler, collate
+from transformer.export import NORMS, marian_config
 from transformer.ids import BOS_ID, EOS_ID, PAD_ID
 from transformer.incremental import Decoder
 from transformer.model import Transformer, sdpa_backends, sinusoids
@@ -153,35 +154,12 @@ def mfu_params(shape: str, vocab: int) -> int:
 def marian_from(model: Transformer):
     """HF MarianMTModel of `model`'s shape holding its weights (post-LN, tied, no attention or
     activation dropout, our sinusoids): the same function, in HF's code."""
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
-    c, V = model.cfg, model.vocab_size
+    c = model.cfg
     if c.pre_ln or not c.tie_embeddings or model.output_ids is not None:
         raise ValueError("Marian holds post-LN models with one shared, full softmax only")
-    cfg = MarianConfig(
-        vocab_size=V,
-        decoder_vocab_size=V,
-        d_model=c.d_model,
-        encoder_layers=c.n_layers,
-        decoder_layers=c.n_layers,
-        encoder_attention_heads=c.n_heads,
-        decoder_attention_heads=c.n_heads,
-        encoder_ffn_dim=c.d_ff,
-        decoder_ffn_dim=c.d_ff,
-        activation_function="relu",
-        dropout=c.dropout,
-        attention_dropout=c.attention_dropout,
-        activation_dropout=c.activation_dropout,
-        max_position_embeddings=c.max_positions,
-        scale_embedding=True,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        bos_token_id=None,
-        decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-    )
+    cfg = marian_config(model)  # the export's config: the same mapping the package ships
     hf = MarianMTModel._from_config(cfg, attn_implementation="sdpa")
     missing, unexpected = hf.load_state_dict(marian_state(model), strict=False)
     tied = {"lm_head.weight", "final_logits_bias"} | {
@@ -195,13 +173,6 @@ def marian_from(model: Transformer):
         for side in (hf.model.encoder, hf.model.decoder):
             side.embed_positions.weight.copy_(model.pe)
     return hf.to(model.output_weight.device)
-
-
-# our LayerNorms (res1, res2[, res3]) in Marian's names
-NORMS = {
-    "encoder": ("self_attn_layer_norm", "final_layer_norm"),
-    "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
-}
 
 
 def marian_state(model: Transformer) -> dict[str, Tensor]:
