@@ -28,6 +28,7 @@ from transformer.config import DecodeConfig, ModelConfig, TrainConfig
 from transformer.data import BatchSampler, load_split
 from transformer.incremental import Decoder
 from transformer.learner import update_text
+from transformer.losses import LossSums
 from transformer.model import Transformer
 from transformer.ops import output_loss
 from transformer.vocab import load_tokenizer
@@ -185,7 +186,7 @@ def test_updates_between_log_points_never_wait_for_the_gpu(corpus, over):
     graphs = over.get("graphs", False)
     learner, sampler, stream = cuda_learner(corpus, mcfg, tcfg, static=graphs, graphs=graphs)
     clock = Clock(tcfg, 0, 0.0, finished=False)
-    losses = train.LossSums(learner.sums, 0)
+    losses = LossSums(learner.sums, 0)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
 
     def update(step: int) -> None:  # as train() does it
@@ -243,7 +244,7 @@ def test_the_captured_compiled_update_trains_like_eager(corpus):
     runs = {}
     for name, path in (("eager", {}), ("fast", {"graphs": True, "compile": True})):
         learner, sampler, stream = cuda_learner(corpus, mcfg, tcfg, static=True, **path)
-        losses = train.LossSums(learner.sums, 0)
+        losses = LossSums(learner.sums, 0)
         for step in range(1, 4 * len(sampler) + 1):
             _, b = next(stream)
             n = float(train.n_targets(b))

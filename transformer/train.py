@@ -27,16 +27,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from transformer import allocator, checkpoint, dist, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
 from transformer.files import sha256_file
-from transformer.ids import PAD_ID
 from transformer.learner import Learner, n_targets
-from transformer.model import Transformer
+from transformer.losses import LossSums, NonFiniteLoss
 from transformer.parent import (
     MODEL,
     Continuation,
@@ -58,13 +56,10 @@ from transformer.sections.model import ModelConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
+from transformer.validate import validate
 from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 
 RUN_ENV = "TRANSFORMER_RUN"  # the experiment a flow runs the stage for (flows/pipeline.py)
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
 
 
 def rate(
@@ -108,60 +103,6 @@ def update_path(tcfg: TrainConfig, device: torch.device, precision: str) -> dict
     if tcfg.compile and dist.is_dist():
         dist.print0("train.compile: not with several processes (DDP); the loss runs eagerly")
     return {"static": static, "graphs": graphs, "compile": tcfg.compile and not dist.is_dist()}
-
-
-class LossSums:
-    """The loss and NLL summed since they were last read: on the device, since reading them makes
-    the host wait for the GPU. Read (summed over ranks) at log, validation and checkpoint points;
-    a non-finite sum stops the run there, before any checkpoint of it is written."""
-
-    def __init__(self, sums: Tensor, step: int):
-        self.sums = sums  # (loss, nll) since the last read: the updates add to it in place
-        self.read_at, self.loss, self.nll, self.tokens = step, 0.0, 0.0, 0.0  # since the last log
-
-    def add(self, n_tokens: float) -> None:
-        """An update's target tokens (its sums went into self.sums)."""
-        self.tokens += n_tokens
-
-    def read(self, step: int) -> None:
-        loss, nll = dist.all_reduce_sum(self.sums).tolist()
-        self.sums.zero_()
-        if not math.isfinite(loss):  # every rank reads the same sum: all stop together
-            steps = f"{self.read_at + 1}-{step}" if step > self.read_at + 1 else f"{step}"
-            raise NonFiniteLoss(
-                f"non-finite loss ({loss}) at step {steps}; stopping before any "
-                "checkpoint of it is written"
-            )
-        self.read_at, self.loss, self.nll = step, self.loss + loss, self.nll + nll
-
-    def take(self) -> dict[str, float]:
-        """Per-token means since the last log, and the tokens they cover; then zero."""
-        n = max(self.tokens, 1.0)
-        out = {"train/loss": self.loss / n, "train/nll": self.nll / n, "tokens": self.tokens}
-        self.loss, self.nll, self.tokens = 0.0, 0.0, 0.0
-        return out
-
-
-@torch.no_grad()
-def validate(model: Transformer, dataset, cfg: TrainConfig, device, autocast) -> dict[str, float]:
-    """Label-smoothed loss, NLL and perplexity per target token on a split, summed over ranks."""
-    model.eval()
-    sampler = BatchSampler(
-        dataset.src_lens, dataset.tgt_lens, cfg.max_tokens, cfg.seed, shuffle=False
-    )
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for idx in list(sampler)[dist.rank() :: dist.world_size()]:  # each rank a disjoint share
-        b = collate([dataset[j] for j in idx])
-        tgt_out = b.tgt_out.to(device)
-        with autocast():
-            loss, nll = model.loss(
-                b.src.to(device), b.tgt_in.to(device), tgt_out, cfg.label_smoothing
-            )
-        sums += torch.stack([loss.double(), nll.double(), tgt_out.ne(PAD_ID).sum().double()])
-    loss, nll, n = dist.all_reduce_sum(sums).tolist()
-    model.train()
-    n = max(n, 1.0)
-    return {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 50.0))}
 
 
 def output_ids(mcfg: ModelConfig, vocab: int, *splits: PairDataset) -> torch.Tensor | None:
