@@ -132,6 +132,28 @@ def test_demo_corpus_roundtrips_exactly(tmp_path):
             assert s["roundtrip_exact"] == 1.0 and s["unk_share"] == 0.0, (kind, lang)
 
 
+def test_unigram_keeps_frequent_words_that_start_no_other_word(tmp_path):
+    # A templated corpus: "Ich" always followed by " weiß", so no suffix array over the text or
+    # the word list finds it recurring before different characters (sentencepiece#967).
+    pairs = generate(SyntheticConfig(train=2000, valid=0, test=0))["train"]
+    files = []
+    for side, lang in enumerate(("en", "de")):
+        files.append(tmp_path / f"train.{lang}")
+        files[-1].write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    tok = T.train_tokenizer(files, TokenizerConfig(type="unigram", vocab_size=1000))
+    assert tok.encode("Ich weiß, dass Clara").tokens == ["ĠIch", "ĠweiÃŁ", ",", "Ġdass", "ĠClara"]
+    assert tok.get_vocab_size() == 1000  # before the marker, EM left it ~40% short
+    assert not any(T.MARK in p for p in tok.get_vocab())
+
+
+@pytest.mark.parametrize("kind", T.TYPES)
+def test_a_training_file_that_is_not_utf8_is_named(tmp_path, kind):
+    files = _files(tmp_path, LINES)
+    files[1].write_bytes(files[1].read_bytes() + b"\xff\xfe\n")
+    with pytest.raises(vocab.TokenizerError, match="train.de.*UTF-8"):
+        T.train_tokenizer(files, TokenizerConfig(type=kind, vocab_size=T.min_vocab_size(kind) + 9))
+
+
 def test_real_data_roundtrip(shared_data, tmp_path):
     """Issue 4: >= 99.9% exact on Multi30k train and newstest2013, every tokenizer type."""
     m30k = [shared_data / f"multi30k/train.{lang}" for lang in ("en", "de")]

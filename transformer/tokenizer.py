@@ -38,6 +38,7 @@ from transformer.vocab import (
 
 TYPES = ("bpe", "wordpiece", "unigram")
 BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols, sorted: deterministic
+MARK = "\x01"  # never in a byte-level word (byte 1 is "ā" there): _train_unigram's marker
 
 
 def min_vocab_size(kind: str) -> int:
@@ -87,9 +88,10 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
         tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe")
         trainer = trainers.BpeTrainer(**common)
     elif cfg.type == "unigram":  # prunes a large seed vocabulary by EM: no min_frequency
-        tok = _skeleton(models.Unigram(), "unigram")
         del common["min_frequency"]
+        common["vocab_size"] += 1  # MARK's unit, dropped afterwards
         trainer = trainers.UnigramTrainer(**common, unk_token=SPECIALS[UNK_ID])
+        tok = _train_unigram(files, trainer)
     else:
         tok = _skeleton(models.WordPiece(unk_token=SPECIALS[UNK_ID]), "wordpiece")
         # The trainer numbers new continuation units in hash-map order, and merge ties are
@@ -97,15 +99,48 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
         # deterministic. They become ordinary units again in _complete_wordpiece.
         common["special_tokens"] = SPECIALS + [CONT + b for b in BYTES]
         trainer = trainers.WordPieceTrainer(**common, continuing_subword_prefix=CONT)
-    # Rust reads the files line by line: word counts in memory, never the corpus.
-    tok.train([str(f) for f in files], trainer)
+    if cfg.type != "unigram":  # Rust reads the files line by line: word counts, never the corpus
+        try:
+            tok.train([str(f) for f in files], trainer)
+        except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception naming no file)
+            raise TokenizerError(f"{', '.join(map(str, files))}: {e}") from None
     if cfg.type == "wordpiece":
         tok = _skeleton(_complete_wordpiece(tok, cfg.vocab_size), "wordpiece")
         tok.add_special_tokens(SPECIALS)  # already ids 0..3 of the vocabulary
     elif cfg.type == "unigram":
-        tok = _skeleton(_canonical_unigram(tok), "unigram")
+        tok = _skeleton(_canonical_unigram(tok, cfg.vocab_size), "unigram")
         tok.add_special_tokens(SPECIALS)
     check_specials(tok, "trained tokenizer")
+    return tok
+
+
+def _train_unigram(files: list[Path], trainer: trainers.UnigramTrainer) -> Tokenizer:
+    """The trainer on the corpus's byte-level words, each word seen twice also given once more
+    with MARK after it. Its seed candidates are the substrings that recur in its list of distinct
+    words followed by different characters (a suffix array over the list), so a frequent word
+    that starts no other word (German "Ich") is never a candidate and stays split into letters
+    (sentencepiece#967); followed once by MARK it is one. Python splits the words (~0.1 ms a
+    line): byte-level words hold no whitespace, so the trainer splits them back on spaces."""
+    words = _skeleton(models.Unigram(), "unigram")  # the normalizer and pre-tokenizer used
+    counts: dict[str, int] = {}
+
+    def lines():
+        for f in files:
+            try:
+                with open(f, encoding="utf-8", newline="\n") as lines_of_f:  # \n ends a line
+                    for line in lines_of_f:
+                        text = words.normalizer.normalize_str(line.removesuffix("\n"))
+                        ws = [w for w, _ in words.pre_tokenizer.pre_tokenize_str(text)]
+                        for w in ws:
+                            counts[w] = counts.get(w, 0) + 1
+                        yield " ".join(ws)
+            except UnicodeDecodeError:
+                raise TokenizerError(f"{f}: not UTF-8") from None
+        yield " ".join(w + MARK for w, n in counts.items() if n > 1)
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.train_from_iterator(lines(), trainer)
     return tok
 
 
@@ -128,17 +163,20 @@ def _complete_wordpiece(tok: Tokenizer, vocab_size: int) -> models.WordPiece:
     )
 
 
-def _canonical_unigram(tok: Tokenizer) -> models.Unigram:
+def _canonical_unigram(tok: Tokenizer, vocab_size: int) -> models.Unigram:
     """The trained pieces in a fixed order with fixed scores. The trainer sums its statistics in
     hash-map order, so scores differ in their last bits from run to run, and it scores the bytes
     it never saw in the data lowest, 1e-4 apart, in hash-set order: rounded, those bytes tied,
     and sorted by (score, piece), training is deterministic."""
     vocab = json.loads(tok.to_str())["model"]["vocab"]  # [[piece, log prob], ...], specials first
-    specials, pieces = vocab[: len(SPECIALS)], vocab[len(SPECIALS) :]
+    specials = vocab[: len(SPECIALS)]
+    pieces = [(p, v) for p, v in vocab[len(SPECIALS) :] if MARK not in p]  # _train_unigram's
     floor = min(v for _, v in pieces)
     unseen = floor + 1e-4 * (len(BYTES) + 1)  # the unseen bytes' scores lie below this
     scored = [(p, round(floor if len(p) == 1 and v < unseen else v, 6)) for p, v in pieces]
     scored.sort(key=lambda x: (-x[1], x[0]))
+    while len(specials) + len(scored) > vocab_size:  # trained with a unit more, for MARK's
+        scored.pop(max(i for i, (p, _) in enumerate(scored) if len(p) > 1))  # least likely
     return models.Unigram([tuple(x) for x in specials] + scored, unk_id=UNK_ID)
 
 
