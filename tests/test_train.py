@@ -18,6 +18,8 @@ from helpers.train import kill_and_resume, run, write_params
 from transformer import checkpoint, precision, train
 from transformer.cpu_share import CpuShare
 from transformer.data import BatchSampler, load_split
+from transformer.model import Transformer
+from transformer.sections.model import ModelConfig
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
 
@@ -217,7 +219,7 @@ def test_two_gloo_processes_match_one_process(corpus, tmp_path):
     a = checkpoint.load(checkpoint.step_path(tmp_path / "one", 3))
     b = checkpoint.load(checkpoint.step_path(tmp_path / "two", 3))
     assert b["world_size"] == 2 and len(b["rng"]) == 2
-    start = train.Transformer(train.ModelConfig(**a["model_config"]), 300).state_dict()
+    start = Transformer(ModelConfig(**a["model_config"]), 300).state_dict()
     moved = 0
     for k, v in a["model"].items():
         torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5, msg=k)
