@@ -18,7 +18,9 @@ from transformer.rewind import MIN_LOSS_SCALE, diverged
 from transformer.sections.train import TrainConfig
 from transformer.settings import ConfigError
 
-INJECTED = {"kind": "non-finite", "first": 7, "last": 7, "back": 6}  # logged every step
+# logged every step, saved every 2: back to the newest checkpoint a good read tested (step 4's
+# weights gave step 5's loss; step 6's, only the diverged step 7's)
+INJECTED = {"kind": "non-finite", "first": 7, "last": 7, "back": 4}
 
 
 def train_main(corpus: Path, ckpt: Path, params: Path, *extra: str) -> None:
@@ -37,9 +39,9 @@ def test_an_injected_divergence_is_rewound_the_same_way_every_time(corpus, tmp_p
     train_main(corpus, tmp_path / "a", params, "--live", str(tmp_path / "live_a"))
     train_main(corpus, tmp_path / "b", params)
     out = capsys.readouterr().out
-    back = checkpoint.step_path(tmp_path / "a", 6)
+    back = checkpoint.step_path(tmp_path / "a", 4)
     assert (
-        f"non-finite loss (nan) at step 7: rewound to {back} (step 6), the batches of steps 7-7 "
+        f"non-finite loss (nan) at step 7: rewound to {back} (step 4), the batches of step(s) 5-7 "
         "skipped, the rate x0.5 for 100 updates (rewind 1 of at most 3)"
     ) in out
     a = checkpoint.load(checkpoint.step_path(tmp_path / "a", 12))
@@ -47,14 +49,14 @@ def test_an_injected_divergence_is_rewound_the_same_way_every_time(corpus, tmp_p
     for k, v in a["model"].items():
         assert torch.isfinite(v).all() and torch.equal(v, b["model"][k]), k  # same seed, same run
     assert a["rewind"]["events"] == b["rewind"]["events"] == [INJECTED]
-    assert a["data"]["batch"] == 13  # 12 updates, one batch skipped (an epoch has more)
+    assert a["data"]["batch"] == 15  # 12 updates, 3 batches skipped (an epoch has more)
     metrics = json.loads((tmp_path / "live_a" / "metrics.json").read_text())["train"]
-    assert (metrics["rewinds"], metrics["diverged_at"], metrics["skipped_updates"]) == (1, 7, 1)
+    assert (metrics["rewinds"], metrics["diverged_at"], metrics["skipped_updates"]) == (1, 7, 3)
     lr = tsv(tmp_path / "live_a", "train/lr")
     assert [s for s, _ in lr] == list(range(1, 13))  # the diverged step's row logged once
     cfg = TrainConfig(warmup_steps=4, lr_scale=2.0)
-    assert lr[6][1] == pytest.approx(0.5 * train.rate(7, cfg, 16))  # lowered after the rewind
-    assert lr[5][1] == pytest.approx(train.rate(6, cfg, 16))  # not before
+    assert lr[4][1] == pytest.approx(0.5 * train.rate(5, cfg, 16))  # lowered after the rewind
+    assert lr[3][1] == pytest.approx(train.rate(4, cfg, 16))  # not before
 
 
 def test_past_max_rewinds_or_without_a_checkpoint_the_run_fails_naming_the_steps(
@@ -65,7 +67,7 @@ def test_past_max_rewinds_or_without_a_checkpoint_the_run_fails_naming_the_steps
     boom = write_params(tmp_path / "boom.yaml", lr_scale=1e30, save_every_steps=1, max_rewinds=2)
     with pytest.raises(SystemExit) as e:
         train_main(corpus, tmp_path / "boom", boom)
-    assert str(e.value) == (
+    assert str(e.value) == (  # (no checkpoint before step 1: back to the one at step 1)
         "error: non-finite loss (nan) at step 2: train.max_rewinds (2) spent on the divergences "
         "at steps 2 (back to 1), 2 (back to 1); stopping before any checkpoint of it is written"
     )
@@ -82,6 +84,25 @@ def test_past_max_rewinds_or_without_a_checkpoint_the_run_fails_naming_the_steps
     assert "rewinds" not in json.loads((tmp_path / "live" / "metrics.json").read_text())["train"]
     saved = checkpoint.list_checkpoints(tmp_path / "off")
     assert [p.name for p in saved] == ["step_00000002.pt"]
+
+
+def test_a_real_loss_spike_is_rewound_and_the_run_goes_on(corpus, tmp_path, capsys):
+    """A rate 15x too high: the loss jumps to ~8x its running mean, the run goes back and
+    finishes at a tenth of the rate."""
+    params = write_params(
+        tmp_path / "params.yaml",
+        max_steps=10,
+        lr_scale=30.0,
+        save_every_steps=1,
+        keep_last=3,
+        rewind_lr_factor=0.1,
+    )
+    train_main(corpus, tmp_path / "ckpt", params)
+    out = capsys.readouterr().out
+    assert out.count("rewound to") == 1 and "done: step 10" in out
+    assert "loss spike (" in out and "at step 3: rewound to" in out
+    final = checkpoint.load(checkpoint.step_path(tmp_path / "ckpt", 10))
+    assert final["rewind"]["events"] == [{"kind": "spike", "first": 3, "last": 3, "back": 1}]
 
 
 def test_a_spike_and_the_fp16_loss_scale_at_its_floor_diverge():

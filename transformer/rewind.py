@@ -5,9 +5,10 @@ train.rewind_lr_factor x the rate, and goes on; past max_rewinds it fails naming
 
 The loss is seen only where the loop reads it back (log, validation and checkpoint points:
 losses.py), so a divergence lies somewhere in the updates since the last read, and the update that
-broke the weights may be earlier still (a loss shows an update late). So the rewind goes back to
-the newest checkpoint of finite weights written at or before the last good read, and skips every
-batch from there to the divergence, as PaLM did (§5.1): weights, Adam, the loss scaler and the RNG
+broke the weights may be earlier still (a checkpoint's weights show only in the loss of the
+updates after it). So the rewind goes back to the newest checkpoint of finite weights written
+before the last good read (or at it, if none is), and skips every batch from there to the
+divergence, as PaLM did (§5.1): weights, Adam, the loss scaler and the RNG
 as resume.restore loads them, the data position past the batches read. Every rank reads the same
 all-reduced loss and rank 0 picks the checkpoint for all, so the ranks rewind together. The rewinds
 and the running mean travel in every checkpoint (key `rewind`): a killed run resumes with them,
@@ -151,29 +152,33 @@ class Rewinder:
         self.mean = (ckpt.get("rewind") or {}).get("mean")
         self.events.append({"kind": kind, "first": first, "last": step, "back": back})
         dist.print0(
-            f"{why} at step {steps}: rewound to {path} (step {back}), the batches of steps "
-            f"{back + 1}-{step} skipped, the rate x{self.cfg.rewind_lr_factor:g} for "
+            f"{why} at step {steps}: rewound to {path} (step {back}), the batches of step(s) "
+            f"{steps_text(back + 1, step)} skipped, the rate x{self.cfg.rewind_lr_factor:g} for "
             f"{self.cfg.rewind_updates} updates (rewind {len(self.events)} of at most "
             f"{self.cfg.max_rewinds})"
         )
         return back
 
     def last_good(self, good: int) -> tuple[dict[str, Any], str] | None:
-        """The newest checkpoint at or before step `good` whose weights are finite, and its path
-        (rank 0 picks; every rank gets it, from disk or broadcast if not shared)."""
+        """The newest checkpoint of finite weights that a good read has tested: written before
+        step `good`, the last good read (a checkpoint's weights show only in the loss of the
+        updates after it); failing that, the one at `good`. And its path (rank 0 picks; every rank
+        gets it, from disk or broadcast if not shared)."""
         path, ckpt = None, None
         if dist.is_main():
             for p in reversed(checkpoint.list_checkpoints(self.ckpt_dir)):
-                if int(checkpoint.STEP_RE.search(p.name).group(1)) > good:
+                step = int(checkpoint.STEP_RE.search(p.name).group(1))
+                if step > good:
                     continue
                 try:  # written after a bad update whose loss had not been read yet: passed over
-                    ckpt = checkpoint.load(p)
-                    checkpoint.check_finite(ckpt["model"], p)
+                    loaded = checkpoint.load(p)
+                    checkpoint.check_finite(loaded["model"], p)
                 except CheckpointError as e:
                     dist.print0(f"warning: {e}; not rewinding to it")
                     continue
-                path = p
-                break
+                path, ckpt = p, loaded
+                if step < good:
+                    break
         path = dist.broadcast_object(str(path) if path else None)
         if path is None:
             return None
