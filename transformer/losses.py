@@ -1,5 +1,6 @@
 """The training loss as the loop reads it: summed on the device, read at log, validation and
-checkpoint points (train.py), a non-finite sum stopping the run there."""
+checkpoint points (train.py), a non-finite sum stopping the run there (or, caught by rewind.py,
+rewinding it)."""
 
 from __future__ import annotations
 
