@@ -42,13 +42,15 @@ def test_an_injected_divergence_is_rewound_the_same_way_every_time(corpus, tmp_p
     back = checkpoint.step_path(tmp_path / "a", 4)
     assert (
         f"non-finite loss (nan) at step 7: rewound to {back} (step 4), the batches of step(s) 5-7 "
-        "skipped, the rate x0.5 for 100 updates (rewind 1 of at most 3)"
+        "skipped (and their checkpoints removed), the rate x0.5 for 100 updates (rewind 1 of at most 3)"
     ) in out
     a = checkpoint.load(checkpoint.step_path(tmp_path / "a", 12))
     b = checkpoint.load(checkpoint.step_path(tmp_path / "b", 12))
     for k, v in a["model"].items():
         assert torch.isfinite(v).all() and torch.equal(v, b["model"][k]), k  # same seed, same run
     assert a["rewind"]["events"] == b["rewind"]["events"] == [INJECTED]
+    redone = checkpoint.load(checkpoint.step_path(tmp_path / "a", 6))  # removed, written again
+    assert redone["rewind"]["events"] == [INJECTED]
     assert a["data"]["batch"] == 15  # 12 updates, 3 batches skipped (an epoch has more)
     metrics = json.loads((tmp_path / "live_a" / "metrics.json").read_text())["train"]
     assert (metrics["rewinds"], metrics["diverged_at"], metrics["skipped_updates"]) == (1, 7, 3)

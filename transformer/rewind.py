@@ -47,6 +47,10 @@ def diverged(
     return None
 
 
+def step_of(path: Path) -> int:
+    return int(checkpoint.STEP_RE.search(path.name).group(1))
+
+
 def steps_text(first: int, last: int) -> str:
     return f"{first}-{last}" if last > first else f"{last}"
 
@@ -145,6 +149,10 @@ class Rewinder:
         learner = self.learner
         back, _ = restore(ckpt, path, learner.model, learner.opt, learner.scaler, self.sampler)
         self.sampler.load_state_dict(pos)  # past the batches of steps back+1 .. step
+        if dist.is_main():  # the abandoned updates' checkpoints: not to average nor to resume
+            for p in checkpoint.list_checkpoints(self.ckpt_dir):
+                if step_of(p) > back:
+                    p.unlink(missing_ok=True)
         if learner.graphs is not None:  # they hold the Adam state that restore replaced
             from transformer.graphs import Graphs  # CUDA only
 
@@ -153,7 +161,7 @@ class Rewinder:
         self.events.append({"kind": kind, "first": first, "last": step, "back": back})
         dist.print0(
             f"{why} at step {steps}: rewound to {path} (step {back}), the batches of step(s) "
-            f"{steps_text(back + 1, step)} skipped, the rate x{self.cfg.rewind_lr_factor:g} for "
+            f"{steps_text(back + 1, step)} skipped (and their checkpoints removed), the rate x{self.cfg.rewind_lr_factor:g} for "
             f"{self.cfg.rewind_updates} updates (rewind {len(self.events)} of at most "
             f"{self.cfg.max_rewinds})"
         )
@@ -167,7 +175,7 @@ class Rewinder:
         path, ckpt = None, None
         if dist.is_main():
             for p in reversed(checkpoint.list_checkpoints(self.ckpt_dir)):
-                step = int(checkpoint.STEP_RE.search(p.name).group(1))
+                step = step_of(p)
                 if step > good:
                     continue
                 try:  # written after a bad update whose loss had not been read yet: passed over
