@@ -7,12 +7,13 @@ The loss is seen only where the loop reads it back (log, validation and checkpoi
 losses.py), so a divergence lies somewhere in the updates since the last read, and the update that
 broke the weights may be earlier still (a checkpoint's weights show only in the loss of the
 updates after it). So the rewind goes back to the newest checkpoint of finite weights written
-before the last good read (or at it, if none is), and skips every batch from there to the
-divergence, as PaLM did (§5.1): weights, Adam, the loss scaler and the RNG
-as resume.restore loads them, the data position past the batches read. Every rank reads the same
-all-reduced loss and rank 0 picks the checkpoint for all, so the ranks rewind together. The rewinds
-and the running mean travel in every checkpoint (key `rewind`): a killed run resumes with them,
-and the same run (checkpoints by steps) rewinds the same way.
+before the last good read (or at it, if none is): weights, Adam, the loss scaler and the RNG as
+resume.restore loads them; it skips every batch from there to the divergence, as PaLM did (§5.1),
+the data position moved past the batches read; and it removes the checkpoints after it (of the
+updates undone). Every rank reads the same all-reduced loss and rank 0 picks the checkpoint for
+all, so the ranks rewind together. The rewinds and the running mean travel in every checkpoint
+(key `rewind`): a killed run resumes with them, and the same run (checkpoints by steps) rewinds
+the same way.
 """
 
 from __future__ import annotations
