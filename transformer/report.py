@@ -12,6 +12,15 @@ from transformer import dist
 from transformer.cpu_share import CpuShare
 
 
+def drop_rows_after(live_dir: Path, step: int) -> None:
+    """The metrics' rows of steps after `step` removed (to be logged again)."""
+    for tsv in Path(live_dir, "plots", "metrics").rglob("*.tsv"):
+        lines = tsv.read_text().splitlines(keepends=True)
+        col = lines[0].rstrip("\n").split("\t").index("step") if lines else 0
+        keep = lines[:1] + [ln for ln in lines[1:] if int(ln.split("\t")[col]) <= step]
+        tsv.write_text("".join(keep))
+
+
 def open_live(live_dir: Path | None, resumed_step: int):
     """dvclive on rank 0; on resume, rows logged after the checkpoint are dropped (redone)."""
     if live_dir is None or not dist.is_main():
@@ -19,11 +28,7 @@ def open_live(live_dir: Path | None, resumed_step: int):
     from dvclive import Live
 
     if resumed_step:
-        for tsv in Path(live_dir, "plots", "metrics").rglob("*.tsv"):
-            lines = tsv.read_text().splitlines(keepends=True)
-            col = lines[0].rstrip("\n").split("\t").index("step") if lines else 0
-            keep = lines[:1] + [ln for ln in lines[1:] if int(ln.split("\t")[col]) <= resumed_step]
-            tsv.write_text("".join(keep))
+        drop_rows_after(live_dir, resumed_step)
     return Live(str(live_dir), resume=bool(resumed_step), save_dvc_exp=False, dvcyaml=None)
 
 
@@ -88,6 +93,13 @@ class Report:
             for k, x in metrics.items():
                 self.live.log_metric(k, x)
             self.live.next_step()
+
+    def rewound(self, step: int) -> None:
+        """Back at `step` (rewind.py): the rows logged after it dropped, as on a resume."""
+        self.bar.n = step
+        self.bar.refresh()
+        if self.live is not None:
+            drop_rows_after(Path(self.live.dir), step)
 
     def close(self) -> None:
         self.bar.close()

@@ -32,6 +32,7 @@ RESUME_FREE_KEYS = frozenset(
         "keep_last",
         "save_every_steps",
         "save_every_minutes",
+        "max_rewinds",  # raised after a run failed past it: go on from its last checkpoint
     }
 )
 

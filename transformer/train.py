@@ -11,7 +11,8 @@ resume.py). When to log, validate, save and stop: clock.py.
 
 On a GPU an update never waits for the device: batches are copied from pinned memory, token
 counts come from the host, the per-update collective runs on the CPU, and the loss stays on the
-device until a log, validation or checkpoint point reads it (and stops a non-finite run there).
+device until a log, validation or checkpoint point reads it (and rewinds a diverged run there to
+its last good checkpoint, or stops it: rewind.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from transformer.resume import (
     started_from,
     write_checkpoint,
 )
+from transformer.rewind import Rewinder
 from transformer.sections.model import ModelConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.train import TrainConfig
@@ -194,6 +196,7 @@ def train(
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
+    rewinder = Rewinder(tcfg, ckpt_dir, learner, sampler, ckpt.get("rewind") if ckpt else None)
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
     alone_on_cpu = device.type == "cpu" and world == 1
@@ -206,7 +209,9 @@ def train(
         pos = batches[-1][0]  # the data position after this update, for the checkpoint
         n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
         lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
+        lr *= rewinder.factor(step)  # lowered for a while after a rewind
         learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
+        rewinder.inject(step)  # train.inject_divergence_at, a test hook
         losses.add(n_tokens)
         report.bar.update(1)
 
@@ -214,10 +219,16 @@ def train(
         saving = clock.should_save(step)
         if not (logging or validating or saving):
             continue  # nothing read back: on a GPU the host runs ahead to the next update
-        losses.read(step)
+        if (back := rewinder.read(losses, step, pos)) is not None:  # diverged: rewound
+            step, stream = back, batch_stream(train_set, sampler)  # past the diverged batches
+            losses = LossSums(learner.sums, back)
+            clock.stop = False  # (if it diverged at the last step)
+            report.rewound(back)
+            continue
         logged = {}
         if logging:
             logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
+            logged.update(rewinder.metrics())
         if validating:
             v = validate(model, valid_set, tcfg, device, learner.autocast)
             logged.update({f"valid/{k}": x for k, x in v.items()})
@@ -227,7 +238,7 @@ def train(
         if saving:
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
-                ckpt.update(run=run, origin=origin)
+                ckpt.update(run=run, origin=origin, rewind=rewinder.state_dict())
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()

@@ -33,6 +33,12 @@ class TrainConfig:
     static_shapes: str = "auto"  # on | off | auto (on with CUDA): a bounded set of batch shapes
     graphs: str = "auto"  # auto (CUDA, static shapes, one process, not fp16) | off: CUDA graphs
     compile: bool = False  # torch.compile the loss (fullgraph, dynamic shapes)
+    # divergence (rewind.py): rewind to the last good checkpoint, skip, go on at a lowered rate
+    max_rewinds: int = 3  # rewinds before the run fails naming the steps; 0 = off (stop at once)
+    spike_factor: float = 3.0  # a loss per token above this x its running mean diverged; 0 = off
+    rewind_lr_factor: float = 0.5  # the rate after a rewind, times this ...
+    rewind_updates: int = 100  # ... for this many updates
+    inject_divergence_at: int = 0  # test hook: the update of this step turns NaN once; 0 = never
 
     def __post_init__(self) -> None:
         choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
@@ -61,11 +67,22 @@ class TrainConfig:
             "keep_last",
             "valid_every_steps",
             "threads",
+            "max_rewinds",
+            "rewind_updates",
+            "inject_divergence_at",
         )
         if self.lr_scale <= 0:
             raise ConfigError(f"train.lr_scale must be > 0, got {self.lr_scale}")
         if self.max_steps < 1 and self.time_budget_minutes <= 0:
             raise ConfigError("train.max_steps must be >= 1 unless time_budget_minutes is set")
         fraction("train", self, "label_smoothing")
+        if self.spike_factor != 0 and self.spike_factor <= 1:
+            raise ConfigError(
+                f"train.spike_factor must be > 1 (or 0: off), got {self.spike_factor}"
+            )
+        if not 0 < self.rewind_lr_factor <= 1:
+            raise ConfigError(
+                f"train.rewind_lr_factor must be in (0, 1], got {self.rewind_lr_factor}"
+            )
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
