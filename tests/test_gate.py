@@ -54,7 +54,9 @@ def test_the_p_value_is_sacrebleus_cli_on_the_same_files(tmp_path: Path, shared_
     assert (ours["resamples"], ours["seed"], ours["sentences"]) == (300, 7, 200)
 
 
-def set_test(name: str, bleu: float, old: float, p: float, chrf: float = 0.0, chrf_old: float = 0.0):
+def set_test(
+    name: str, bleu: float, old: float, p: float, chrf: float = 0.0, chrf_old: float = 0.0
+):
     """A set's paired test as significance.paired_bs reports it."""
     return {
         "set": name,
