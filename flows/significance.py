@@ -125,7 +125,12 @@ def judge(
     delta = main["bleu_delta"] if main else bleu[0] - bleu[1]
     problems = []
     if not delta > rules.margin:
-        problems.append(f"{primary}: BLEU {delta:+.2f}, not above the margin {rules.margin}")
+        problems.append(
+            f"{primary}: BLEU {delta:+.2f}, not above the margin {rules.margin}"
+            if main  # else the margin alone on the records' BLEU, said as the gate always said it
+            else f"candidate BLEU {bleu[0]:.2f} does not beat champion {bleu[1]:.2f} by more "
+            f"than the margin {rules.margin}"
+        )
     elif main and not main["p"] < rules.alpha:
         problems.append(f"{primary}: p {main['p']:.4f} >= alpha {rules.alpha}, may be noise")
     for t in tests:
@@ -137,17 +142,18 @@ def judge(
                 f"{rules.max_chrf_drop}"
             )
     figures = [figure(t) for t in tests]
-    if not main:
-        figures.insert(0, f"{primary}: BLEU {bleu[0]:.2f} vs {bleu[1]:.2f} ({delta:+.2f})")
     if tests:
         figures.append(f"paired bootstrap, {rules.samples} resamples, seed {rules.seed}")
     figures += [f"not tested: {u}" for u in untested]
-    said = f"[{'; '.join(figures)}; margin {rules.margin}, alpha {rules.alpha}]"
+    said = f"[{'; '.join([*figures, f'margin {rules.margin}, alpha {rules.alpha}'])}]"
     if problems:
         return False, f"{'; '.join(problems)} {said}; champion kept"
     if main:
         return True, f"better beyond noise {said}"
-    return True, f"better by the margin, its noise untested {said}"
+    return True, (
+        f"candidate BLEU {bleu[0]:.2f} beats champion {bleu[1]:.2f} by more than {rules.margin}, "
+        f"its noise untested {said}"
+    )
 
 
 def figure(t: dict[str, Any]) -> str:

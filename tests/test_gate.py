@@ -119,7 +119,10 @@ def test_without_the_champions_hypotheses_the_margin_decides_and_says_so():
     cand, champ = {"bleu": 31.0, **SIG}, {"bleu": 30.0, **SIG}
     why_not = ["test: the champion's hypotheses are not kept (packaged without eval/)"]
     keep, why = gate(cand, champ, 0.5, lambda: ([], why_not), Rules())
-    assert keep and why.startswith("better by the margin, its noise untested")
+    assert keep and why.startswith("candidate BLEU 31.00 beats champion 30.00 by more than 0.5")
+    assert "its noise untested" in why
+    keep, why = gate(cand, {**champ, "bleu": 30.8}, 0.5, lambda: ([], why_not), Rules())
+    assert not keep and why.startswith("candidate BLEU 31.00 does not beat champion 30.80 by")
     assert "not tested: test: the champion's hypotheses are not kept" in why
 
 
