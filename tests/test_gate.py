@@ -54,6 +54,15 @@ def test_the_p_value_is_sacrebleus_cli_on_the_same_files(tmp_path: Path, shared_
     assert (ours["resamples"], ours["seed"], ours["sentences"]) == (300, 7, 200)
 
 
+def test_the_gate_imports_no_torch():
+    """flows/ never imports torch: the gate tests text (sacreBLEU), not models."""
+    code = (
+        "import sys, flows.significance, flows.promote, flows.retrain; print(sorted(sys.modules))"
+    )
+    mods = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "'flows.significance'" in mods.stdout and "'torch'" not in mods.stdout
+
+
 def set_test(
     name: str, bleu: float, old: float, p: float, chrf: float = 0.0, chrf_old: float = 0.0
 ):
