@@ -115,7 +115,7 @@ def decide(
     tested: dict[str, Any] = {"rules": asdict(rules), "tests": [], "untested": []}
 
     def tester() -> tuple[list[dict[str, Any]], list[str]]:
-        tested["tests"], tested["untested"] = significance.test(project, candidate, before, rules)
+        tested["tests"], tested["untested"] = significance.compare(project, candidate, before, rules)
         return tested["tests"], tested["untested"]
 
     if before and before.get("experiment_commit") == commit:

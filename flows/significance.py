@@ -227,7 +227,7 @@ def references(project: Path, commit: str, split: str) -> tuple[list[str], str] 
     return None
 
 
-def test(
+def compare(
     project: Path,
     candidate: dict[str, Any],
     champion: dict[str, Any],
