@@ -115,8 +115,9 @@ def decide(
     tested: dict[str, Any] = {"rules": asdict(rules), "tests": [], "untested": []}
 
     def tester() -> tuple[list[dict[str, Any]], list[str]]:
-        tested["tests"], tested["untested"] = significance.compare(project, candidate, before, rules)
-        return tested["tests"], tested["untested"]
+        found = significance.compare(project, candidate, before, rules)
+        tested["tests"], tested["untested"] = found
+        return found
 
     if before and before.get("experiment_commit") == commit:
         promote, reason = False, "the candidate is the champion already"
