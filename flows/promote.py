@@ -7,15 +7,20 @@
 Any experiment qualifies, one a flow ran or one run by hand (`dvc exp run`): its record is read
 from its commit (params, dvc.lock, metrics). The gate is the one scheduled retraining uses: the
 candidate must be scored on the same split of the same test set (sha256) with the same
-sacreBLEU signature, and beat the champion's BLEU by more than `retrain.margin`; a candidate
-without a BLEU score is never promoted. A promotion is a new version of dvc.yaml's artifact in
-the production stage (flows/registry.py).
+sacreBLEU signature, and beat the champion's BLEU by more than `retrain.margin` with sacreBLEU's
+paired bootstrap p below `retrain.alpha`, against the champion's own hypotheses; on each further
+set (`evaluate.extra_splits`) no significant BLEU drop, and chrF down by at most
+`retrain.max_chrf_drop` anywhere (flows/significance.py). A candidate without a BLEU score is
+never promoted. A promotion is a new version of dvc.yaml's artifact in the production stage
+(flows/registry.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import registry
+from flows import registry, significance
 from flows.shell import logger, read_section, workspace_lock
 from flows.workspace import WorkspaceError, git
 from transformer.settings import ConfigError
@@ -33,10 +38,19 @@ COMPARABLE = ("split", "test_sha256", "bleu_signature")
 REFUSED = 3  # the command's exit status when the gate keeps the champion (1: an error)
 
 
+Tester = Callable[[], tuple[list[dict[str, Any]], list[str]]]
+
+
 def gate(
-    candidate: dict[str, Any], champion: dict[str, Any] | None, margin: float
+    candidate: dict[str, Any],
+    champion: dict[str, Any] | None,
+    margin: float,
+    tester: Tester | None = None,
+    rules: significance.Rules | None = None,
 ) -> tuple[bool, str]:
-    """(promote?, why): only a comparable candidate with BLEU above champion + margin wins."""
+    """(promote?, why): only a comparable candidate with BLEU above champion + margin wins;
+    with `tester` (the paired tests of each set, and why any set was not tested), only one
+    better beyond noise on its split and not significantly worse on any (significance.judge)."""
     if candidate.get("bleu") is None:
         return False, "the candidate has no BLEU score; not promoted"
     if champion is None or champion.get("bleu") is None:
@@ -48,6 +62,9 @@ def gate(
                 f"candidate {candidate.get(key)!r}); champion kept"
             )
     new, old = float(candidate["bleu"]), float(champion["bleu"])
+    if tester is not None:
+        rules = replace(rules or significance.Rules(), margin=margin)
+        return significance.judge(candidate["split"], (new, old), *tester(), rules)
     if new - old > margin:
         return True, f"candidate BLEU {new:.2f} beats champion {old:.2f} by more than {margin}"
     return False, (
@@ -80,24 +97,39 @@ def resolve_experiment(project: Path, experiment: str) -> str:
 
 
 def decide(
-    project: Path, commit: str, margin: float, by: str, trained: str | None = None
+    project: Path,
+    commit: str,
+    margin: float,
+    by: str,
+    trained: str | None = None,
+    rules: significance.Rules | None = None,
 ) -> dict[str, Any]:
     """Gate the experiment at `commit` against the champion; promote it if it wins. `trained`:
     how the candidate was trained (a retrain's continuation, or why it fell back to scratch),
-    kept in the decision's tag."""
+    kept in the decision's tag. `rules`: the noise test's (retrain.alpha ...; its margin is
+    `margin`)."""
     registry.publish_pending(project)
     candidate = registry.record_at(project, commit)
     before = registry.champion(project)
+    rules = replace(rules or significance.Rules(), margin=margin)
+    tested: dict[str, Any] = {"rules": asdict(rules), "tests": [], "untested": []}
+
+    def tester() -> tuple[list[dict[str, Any]], list[str]]:
+        found = significance.compare(project, candidate, before, rules)
+        tested["tests"], tested["untested"] = found
+        return found
+
     if before and before.get("experiment_commit") == commit:
         promote, reason = False, "the candidate is the champion already"
     else:
-        promote, reason = gate(candidate, before, margin)
+        promote, reason = gate(candidate, before, margin, tester, rules)
     out: dict[str, Any] = {
         "promoted": promote,
         "reason": reason,
         "candidate": candidate,
         "champion_before": before,
         "version": None,
+        "gate": tested,  # every figure of the noise test: BLEU, chrF, deltas, p, resamples, seed
     }
     if promote:
         summary = {
@@ -112,7 +144,7 @@ def decide(
                 "overrides",
             )
         }
-        summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by)
+        summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by, gate=tested)
         out["version"] = registry.promote(project, commit, summary, reason)
     verdict = f"promoted as {out['version']}" if promote else "refused"
     out["decision_tag"] = registry.record_decision(
@@ -135,6 +167,7 @@ def decision_details(out: dict[str, Any], by: str, trained: str | None = None) -
         "at": datetime.now(UTC).isoformat(),
         "candidate": brief(out["candidate"]),
         "champion_before": brief(out["champion_before"]),
+        **({"gate": out["gate"]} if out.get("gate") else {}),
         **({"trained": trained} if trained else {}),
     }
 
@@ -155,33 +188,61 @@ def report(out: dict[str, Any], title: str) -> str:
         ("candidate", out.get("candidate") or {}),
     ]
     verdict = f"promoted as {out['version']}" if out["promoted"] else "champion kept"
-    return "\n".join(
-        [
-            f"# {title}: {verdict}",
+    return "\n".join([*head(out, title, verdict, rows), *gate_table(out.get("gate") or {})])
+
+
+def gate_table(tested: dict[str, Any]) -> list[str]:
+    """The noise test's figures as markdown rows, one per set (none when it did not run)."""
+    rules, lines = tested.get("rules") or {}, []
+    if tested.get("tests"):
+        lines += [
             "",
-            out["reason"],
+            (
+                f"Paired bootstrap (sacreBLEU), {rules.get('samples')} resamples, seed "
+                f"{rules.get('seed')}; margin {rules.get('margin')}, alpha {rules.get('alpha')}, "
+                f"max chrF drop {rules.get('max_chrf_drop')}:"
+            ),
             "",
-            "| | experiment | commit | BLEU | data | code | params |",
-            "|---|---|---|---|---|---|---|",
+            "| set | sentences | BLEU | champion | delta | p | chrF | champion | delta | p |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *(
-                f"| {label} | {r.get('experiment')} | {str(r.get('experiment_commit'))[:9]} | "
-                f"{r.get('bleu')} | {r.get('data_hash')} | {r.get('code_hash')} | "
-                f"{str(r.get('params_sha256'))[:12]} |"
-                for label, r in rows
+                f"| {t['set']} | {t['sentences']} | {t['bleu']:.2f} | {t['champion_bleu']:.2f} "
+                f"| {t['bleu_delta']:+.2f} | {t['p']:.4f} | {t['chrf']:.2f} | "
+                f"{t['champion_chrf']:.2f} | {t['chrf_delta']:+.2f} | {t['chrf_p']:.4f} |"
+                for t in tested["tests"]
             ),
         ]
-    )
+    return lines + [f"- not tested: {u}" for u in tested.get("untested") or []]
+
+
+def head(out: dict[str, Any], title: str, verdict: str, rows: list) -> list[str]:
+    """The decision's title, reason and the two experiments' table."""
+    return [
+        f"# {title}: {verdict}",
+        "",
+        out["reason"],
+        "",
+        "| | experiment | commit | BLEU | data | code | params |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {label} | {r.get('experiment')} | {str(r.get('experiment_commit'))[:9]} | "
+            f"{r.get('bleu')} | {r.get('data_hash')} | {r.get('code_hash')} | "
+            f"{str(r.get('params_sha256'))[:12]} |"
+            for label, r in rows
+        ),
+    ]
 
 
 @flow(name="promote", log_prints=True)
 def promote(experiment: str, project: str = ".", margin: float | None = None) -> dict[str, Any]:
     """Gate experiment `experiment` (name or revision); promote it if it beats the champion."""
     root = Path(project).resolve()
-    if margin is None:
-        margin = retrain_margin(root)
+    rules = significance.Rules.of(read_section(root, "retrain"))
+    margin = rules.margin if margin is None else margin
     with workspace_lock(root):
         commit = resolve_experiment(root, experiment)
-        out = decide(root, commit, margin, f"promote flow run {flow_run.get_id()}")
+        run = f"promote flow run {flow_run.get_id()}"
+        out = decide(root, commit, margin, run, rules=rules)
     create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
         report(out, f"Promote {experiment}"), key="promotion-decision", description=summary(out)
     )

@@ -36,6 +36,7 @@ from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report, summary
 from flows.shell import apply_params, logger, read_section, run, workspace_lock
+from flows.significance import Rules
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
 
@@ -204,9 +205,15 @@ def retrain(
             extra = [*overrides, *start.overrides]
             candidate = run_experiment(ws, commit, preset, extra, download_retries, retry_delay_s)
             run_id = f"retrain flow run {flow_run.get_id()}"
+            rules = Rules.of(cfg)
             out.update(
                 decide(
-                    root, candidate["experiment_commit"], cfg["margin"], run_id, trained=start.why
+                    root,
+                    candidate["experiment_commit"],
+                    rules.margin,
+                    run_id,
+                    trained=start.why,
+                    rules=rules,
                 )
             )
             out["parent"] = start.parent

@@ -17,6 +17,7 @@ from flows.pipeline import prepare
 from flows.promote import retrain_margin
 from flows.retrain import decide_start
 from flows.shell import check_override, read_section
+from flows.significance import Rules
 from transformer import tokenizer as T
 from transformer.sections.tokenizer import TokenizerConfig
 from transformer.settings import ConfigError
@@ -74,7 +75,8 @@ def set_params(project: Path, **retrain) -> None:
 @pytest.mark.slow
 def test_the_gate_settings_leave_dvc_status_clean(tmp_path):
     """The parent stage reads the retrain section (retrain.mode, retrain.parent): an edit of the
-    margin or the OOV limit leaves it up to date, and no stage lists those keys."""
+    gate's settings (margin, alpha, max_chrf_drop, bootstrap_samples/seed) or the OOV limit
+    leaves it up to date, and no stage lists those keys."""
     project = checkout(tmp_path, remote=False)
     sh(*DVC, "repro", "--single-item", "parent", cwd=project)
 
@@ -82,8 +84,10 @@ def test_the_gate_settings_leave_dvc_status_clean(tmp_path):
         return json.loads(sh(*DVC, "status", "--json", "parent", cwd=project))
 
     assert status() == {}
-    set_params(project, margin=2.5, max_oov_rate=0.3)
+    gate = {"alpha": 0.01, "max_chrf_drop": 0.5, "bootstrap_samples": 200, "bootstrap_seed": 7}
+    set_params(project, margin=2.5, max_oov_rate=0.3, **gate)
     assert status() == {}
+    assert Rules.of(read_section(project, "retrain")) == Rules(2.5, 0.01, 0.5, 200, 7)
     assert read_section(project, "retrain")["margin"] == 2.5 == retrain_margin(project)
     set_params(project, parent="v9.0.0")  # what the stage reads: stale
     assert status() == {
@@ -91,7 +95,8 @@ def test_the_gate_settings_leave_dvc_status_clean(tmp_path):
     }
     dvc_yaml = yaml.safe_load((project / "dvc.yaml").read_text())
     listed = {p for s in dvc_yaml["stages"].values() for p in s.get("params", [])}
-    assert not listed & {"retrain", "retrain.margin", "retrain.max_oov_rate"}
+    flow_only = {f"retrain.{k}" for k in ("margin", "max_oov_rate", *gate)}
+    assert not listed & {"retrain", *flow_only}
 
 
 @pytest.mark.slow

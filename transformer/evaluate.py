@@ -10,7 +10,8 @@
 `bleu` is detokenized sacreBLEU, the number to compare across papers today. The paper's
 27.3/28.4 (Table 2) are tensor2tensor's get_ende_bleu.sh: Moses-tokenized, compounds split
 as "a ##AT##-##AT## b", multi-bleu.perl; that is `bleu_tok_compound_split`, comparable only to
-numbers computed the same way. Hypotheses go to OUT_DIR/hyps.{split}.txt.
+numbers computed the same way. Hypotheses go to OUT_DIR/hyps.{split}.txt; `evaluate.extra_splits`
+scores more sets the same way, under `sets` in the metrics (the promotion gate checks each).
 """
 
 from __future__ import annotations
@@ -197,6 +198,23 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{tag}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}{tok}", file=sys.stderr)
     # one run: a flat record (what dvc metrics show lists); several: one record per tag
     out = next(iter(runs.values())) if len(runs) == 1 else runs
+    if len(runs) == 1 and not args.split and ev.extra_splits:  # the stage's further test sets
+        out["sets"] = {
+            s: evaluate_split(
+                tr,
+                args.raw_dir,
+                args.out_dir,
+                s,
+                langs,
+                ev,
+                f"hyps.{s}.txt",
+                not args.no_progress,
+                dl.clean.eval_cleanup(),
+            )
+            for s in ev.extra_splits
+        }
+        for s, r in out["sets"].items():
+            print(f"{s}: BLEU {r['bleu']:.2f} chrF {r['chrf']:.2f}", file=sys.stderr)
     lin = lineage(args.model, args.tokenizer, args.ensemble)
     provenance = {
         "model_sha256": lin.pop("model_sha256"),

@@ -94,6 +94,11 @@ def read_lines(path: Path | None, error: type[Exception] = ValueError) -> list[s
         data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
     except OSError as e:
         raise error(f"{where}: cannot read ({e})") from None
+    return split_lines(data, where, error)
+
+
+def split_lines(data: bytes, where: object, error: type[Exception] = ValueError) -> list[str]:
+    """read_lines of bytes already read (`where` names them in an error)."""
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()  # the last line's newline, or an empty input

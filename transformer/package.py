@@ -5,7 +5,8 @@
 The folder is dvc.yaml's artifact (what `dvc artifacts get` fetches and a promotion tags) and
 what `transformer-translate --model DIR` reads: model.pt, tokenizer/, lineage.json (the
 evaluate stage's scores, signatures and hashes), params.yaml (the settings it was trained and
-decoded with) and README.md (the model card, transformer/card.py); with params `package`, also
+decoded with), eval/ (the hypotheses behind the scores, which the promotion gate tests the next
+candidate against) and README.md (the model card, transformer/card.py); with params `package`, also
 hf/ (Hugging Face's MarianMTModel) and ctranslate2/ (transformer/export.py, docs/export.md).
 The model and tokenizer are checked to belong together and to the scores.
 Files are hard-linked where the file system allows (no second copy on disk), else copied.
@@ -33,6 +34,7 @@ from transformer.settings import ConfigError, build
 from transformer.vocab import tokenizer_sha256
 
 MODEL, TOKENIZER, LINEAGE, PARAMS = "model.pt", "tokenizer", "lineage.json", "params.yaml"
+EVAL = "eval"  # the evaluate stage's hypotheses of each scored set: the promotion gate's
 HF, CT2 = "hf", "ctranslate2"  # the exports' folders
 NOT_PACKAGED = ("retrain",)  # params sections about orchestration, not the model
 
@@ -49,10 +51,13 @@ def package(
     out_dir: Path,
     parent: Path | None = None,
     manifest: Path | None = None,
+    eval_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
     the version a continued run started from and its ancestors, where given). `manifest`: the
-    download stage's, for the model card's data section."""
+    download stage's, for the model card's data section. `eval_dir`: the evaluate stage's
+    folder, whose hypotheses the scores name are kept in EVAL (the promotion gate tests the
+    next candidate against them)."""
     cfg = build(PackageConfig, params.get("package") or {}, "package", "params.yaml")
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
@@ -77,8 +82,15 @@ def package(
             scores["parent"] = json.loads(Path(parent).read_text())
         except (OSError, ValueError) as e:
             raise PackageError(f"{parent}: not a readable metrics file ({e})") from None
+    hyps = [Path(eval_dir) / h for h in scored_hyps(scores)] if eval_dir is not None else []
+    if missing := [str(h) for h in hyps if not h.is_file()]:
+        raise PackageError(f"{metrics} names hypotheses that are not there: {', '.join(missing)}")
     with atomic_dir(Path(out_dir)) as tmp:
         _link(model, tmp / MODEL)
+        if hyps:
+            (tmp / EVAL).mkdir()
+        for h in hyps:
+            _link(h, tmp / EVAL / h.name)
         (tmp / TOKENIZER).mkdir()
         for f in sorted(Path(tokenizer_dir).iterdir()):
             _link(f, tmp / TOKENIZER / f.name)
@@ -101,6 +113,12 @@ def package(
                 "without the exports)"
             ) from None
     return scores
+
+
+def scored_hyps(scores: dict[str, Any]) -> list[str]:
+    """The hypotheses files the evaluate stage's metrics name: its split's and its extra sets'."""
+    sets = [scores, *(scores.get("sets") or {}).values()]
+    return [r["hyps"] for r in sets if r.get("hyps")]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -147,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--manifest", type=Path, help="the download stage's manifest (into the model card)"
     )
+    parser.add_argument(
+        "--eval", type=Path, help="the evaluate stage's folder (its hypotheses into eval/)"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
@@ -160,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             args.out_dir,
             args.parent,
             args.manifest,
+            args.eval,
         )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")

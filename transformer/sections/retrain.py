@@ -1,6 +1,6 @@
 """The retrain section's settings that stages read (params.yaml `retrain`): how a retrain starts,
 from scratch or from the champion, which the parent, tokenizer and train stages read. The
-section's flow-only settings (the promotion gate's margin, the continue mode's OOV limit) are
+section's flow-only settings (the promotion gate's rules, the continue mode's OOV limit) are
 transformer/sections/retrain_flow.py's, a module no stage imports, so that editing them reruns
 no stage."""
 
@@ -44,7 +44,14 @@ class RetrainConfig:
     continued run's data/parent holds."""
 
     # the section's keys that only the flows read (sections/retrain_flow.py): not read here
-    IGNORED: ClassVar[tuple[str, ...]] = ("margin", "max_oov_rate")
+    IGNORED: ClassVar[tuple[str, ...]] = (
+        "margin",
+        "alpha",
+        "max_chrf_drop",
+        "bootstrap_samples",
+        "bootstrap_seed",
+        "max_oov_rate",
+    )
 
     mode: str = "scratch"  # scratch | continue (from the champion; falls back to scratch)
     parent: str = ""  # the registry version in data/parent; set by the retrain flow
