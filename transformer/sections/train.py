@@ -33,12 +33,21 @@ class TrainConfig:
     static_shapes: str = "auto"  # on | off | auto (on with CUDA): a bounded set of batch shapes
     graphs: str = "auto"  # auto (CUDA, static shapes, one process, not fp16) | off: CUDA graphs
     compile: bool = False  # torch.compile the loss (fullgraph, dynamic shapes)
+    # validation BLEU/chrF (valid_bleu.py), best checkpoints and early stopping (selection.py)
+    valid_bleu: bool = True  # decode the valid split at each validation point (needs --raw)
+    valid_bleu_sentences: int = 0  # the first N valid sentences; 0 = all
+    valid_bleu_beam_size: int = 1  # 1 = greedy; 0 = decode.beam_size (the evaluate stage's)
+    best_metric: str = "bleu"  # bleu | chrf (higher is better) | loss (lower is better)
+    keep_best: int = 0  # the best k checkpoints by best_metric, kept beside the last keep_last
+    patience: int = 0  # stop after this many validations without improvement; 0 = off
+    min_delta: float = 0.0  # the least gain in best_metric that counts as an improvement
 
     def __post_init__(self) -> None:
         choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
         choice("train.static_shapes", self.static_shapes, ("auto", "on", "off"))
         choice("train.graphs", self.graphs, ("auto", "off"))
         choice("train.lr_decay", self.lr_decay, ("none", "linear", "cosine"))
+        choice("train.best_metric", self.best_metric, ("bleu", "chrf", "loss"))
         at_least(
             "train",
             self,
@@ -61,6 +70,11 @@ class TrainConfig:
             "keep_last",
             "valid_every_steps",
             "threads",
+            "valid_bleu_sentences",
+            "valid_bleu_beam_size",
+            "keep_best",
+            "patience",
+            "min_delta",
         )
         if self.lr_scale <= 0:
             raise ConfigError(f"train.lr_scale must be > 0, got {self.lr_scale}")
