@@ -1,7 +1,7 @@
 """Retrain from scratch or continue from the champion, when the data grows (Multi30k en-de).
 
     python -m benchmarks.continue_bench WORKDIR [--minutes 12] [--continue-minutes 3]
-        [--patience N --valid-every STEPS --valid-bleu-sentences N]
+        [--continue-steps N] [--patience N --valid-every STEPS --valid-bleu-sentences N]
 
 A champion is trained on a share (`--share`, 0.8) of Multi30k's training pairs, drawn at random
 (`--seed`); then the data grows to all of them, and two candidates are trained on it:
@@ -216,6 +216,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--minutes", type=float, default=12.0, help="champion and scratch training")
     parser.add_argument("--continue-minutes", type=float, default=3.0)
+    parser.add_argument(
+        "--continue-steps",
+        type=int,
+        default=0,
+        help="the continuation's updates instead of --continue-minutes (a load-free budget)",
+    )
     parser.add_argument("--share", type=float, default=0.8, help="the champion's share of train")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -273,8 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     cont = json.loads(json.dumps(base))
     cont["retrain"].update(mode="continue", parent="champion")
     cont["retrain"]["continuation"] = {
-        "max_steps": 0,
-        "time_budget_minutes": args.continue_minutes,
+        "max_steps": args.continue_steps,
+        "time_budget_minutes": 0.0 if args.continue_steps else args.continue_minutes,
         **({"lr_factor": args.lr_factor} if args.lr_factor else {}),
         **({"patience": args.patience} if args.patience is not None else {}),
     }
