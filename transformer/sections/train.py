@@ -36,7 +36,7 @@ class TrainConfig:
     # validation BLEU/chrF (valid_bleu.py), best checkpoints and early stopping (selection.py)
     valid_bleu: bool = True  # decode the valid split at each validation point (needs --raw)
     valid_bleu_sentences: int = 0  # the first N valid sentences; 0 = all
-    valid_bleu_beam_size: int = 1  # 1 = greedy; 0 = decode.beam_size (the evaluate stage's)
+    valid_bleu_beam_size: int = 0  # 0 = decode.beam_size (the evaluate stage's); 1 = greedy
     best_metric: str = "bleu"  # bleu | chrf (higher is better) | loss (lower is better)
     keep_best: int = 0  # the best k checkpoints by best_metric, kept beside the last keep_last
     patience: int = 0  # stop after this many validations without improvement; 0 = off
