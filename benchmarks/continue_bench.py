@@ -1,6 +1,7 @@
 """Retrain from scratch or continue from the champion, when the data grows (Multi30k en-de).
 
     python -m benchmarks.continue_bench WORKDIR [--minutes 12] [--continue-minutes 3]
+        [--continue-steps N] [--patience N --valid-every STEPS --valid-bleu-sentences N]
 
 A champion is trained on a share (`--share`, 0.8) of Multi30k's training pairs, drawn at random
 (`--seed`); then the data grows to all of them, and two candidates are trained on it:
@@ -8,7 +9,10 @@ A champion is trained on a share (`--share`, 0.8) of Multi30k's training pairs, 
 - scratch: a new tokenizer and a new model, for as long as the champion (`--minutes`);
 - continued: `retrain.mode: continue`, the champion's tokenizer kept and its weights trained on
   for `--continue-minutes` (retrain.continuation's defaults: the champion's own rate schedule
-  continued from its update count after a short re-warmup, a fresh Adam).
+  continued from its update count after a short re-warmup, a fresh Adam), ended early by
+  `--patience` validations without a better valid BLEU (greedy, the first
+  `--valid-bleu-sentences` of valid, every `--valid-every` updates); `--continue-minutes` is
+  then a cap. `--patience 0`: the fixed budget alone.
 
 Each is averaged and scored on test2016 as the pipeline does (the multi30k-en-de preset's
 settings otherwise: model, batching, decoding). The stages run as their CLIs, as dvc.yaml runs
@@ -126,6 +130,8 @@ def train_run(name: str, work: Path, raw: Path, params: dict, parent: Path | Non
             "--live",
             str(live),
             "--no-progress",
+            "--raw",
+            str(raw),
             *parent_args,
             *p,
         ],
@@ -175,6 +181,9 @@ def train_run(name: str, work: Path, raw: Path, params: dict, parent: Path | Non
         "train_seconds": lm.get("train", {}).get("seconds"),
         "stage_wall_s": round(wall, 1),
         "valid_loss": lm.get("valid", {}).get("loss"),
+        "stopped": lm.get("stopped"),
+        "stopped_at": lm.get("stopped_at"),
+        "valid_bleu_share": lm.get("valid_bleu_share"),
         "oov_rate": shard["vocabulary"]["oov_rate"],
         "cpu_others": lm.get("train", {}).get("cpu_others"),
         "package": str(pkg),
@@ -207,10 +216,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("workdir", type=Path)
     parser.add_argument("--minutes", type=float, default=12.0, help="champion and scratch training")
     parser.add_argument("--continue-minutes", type=float, default=3.0)
+    parser.add_argument(
+        "--continue-steps",
+        type=int,
+        default=0,
+        help="the continuation's updates instead of --continue-minutes (a load-free budget)",
+    )
     parser.add_argument("--share", type=float, default=0.8, help="the champion's share of train")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--lr-factor", type=float, help="retrain.continuation.lr_factor (default: its default)"
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        help="retrain.continuation.patience (default: its default; 0: the fixed budget alone)",
+    )
+    parser.add_argument("--valid-every", type=int, default=25, help="the continuation's")
+    parser.add_argument(
+        "--valid-bleu-sentences", type=int, default=300, help="the first N of valid (0: all)"
     )
     args = parser.parse_args(argv)
     work = args.workdir.resolve()
@@ -229,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         save_every_minutes=args.minutes / 12,
         valid_every_steps=50,
         log_every_steps=25,
+        valid_bleu=False,  # the champion and scratch: the valid loss only, as before
     )
     base["average"]["last_k"] = 5
     langs = (base["download"]["src_lang"], base["download"]["tgt_lang"])
@@ -254,10 +279,18 @@ def main(argv: list[str] | None = None) -> None:
     cont = json.loads(json.dumps(base))
     cont["retrain"].update(mode="continue", parent="champion")
     cont["retrain"]["continuation"] = {
-        "max_steps": 0,
-        "time_budget_minutes": args.continue_minutes,
+        "max_steps": args.continue_steps,
+        "time_budget_minutes": 0.0 if args.continue_steps else args.continue_minutes,
         **({"lr_factor": args.lr_factor} if args.lr_factor else {}),
+        **({"patience": args.patience} if args.patience is not None else {}),
     }
+    if args.patience != 0:  # early stopping on greedy valid BLEU (train.best_metric's default)
+        cont["train"].update(
+            valid_bleu=True,
+            valid_bleu_sentences=args.valid_bleu_sentences,
+            valid_bleu_beam_size=1,
+            valid_every_steps=args.valid_every,
+        )
     # checkpoints as often, relative to the run's length, as the champion's
     cont["train"]["save_every_minutes"] = args.continue_minutes / 12
     continued = train_run("continued", work, raw, cont, Path(champion["package"]))

@@ -68,7 +68,7 @@ def test_impossible_model_config(tmp_path):
     "section, key, value, message",
     [
         ("average", "last_k", 0, r"average\.last_k must be >= 1, got 0"),
-        ("average", "by", "tim", r"average\.by must be one of steps, time, got 'tim'"),
+        ("average", "by", "tim", r"average\.by must be one of steps, time, best, got 'tim'"),
         ("decode", "beam_size", 0, r"decode\.beam_size must be >= 1"),
         ("decode", "max_len_b", -100, r"decode\.max_len_b must be >= 0, got -100"),
         ("decode", "precision", "fp16", r"decode\.precision must be one of fp32, bf16, int8"),

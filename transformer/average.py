@@ -118,12 +118,15 @@ def _step(p: Path) -> int:
 
 
 def select_checkpoints(ckpt_dir: Path, cfg: AverageConfig) -> list[Path]:
-    """The last `cfg.last_k` step_*.pt files, oldest first; `by: time` keeps them spaced apart."""
+    """The last `cfg.last_k` step_*.pt files, oldest first; `by: time` keeps them spaced apart,
+    `by: best` takes the train stage's best instead."""
     paths = sorted((p for p in ckpt_dir.glob("step_*.pt") if STEP_RE.search(p.name)), key=_step)
     if not paths:
         raise AverageError(f"{ckpt_dir}: no step_*.pt checkpoints")
     if cfg.by == "steps":
         chosen = paths[-cfg.last_k :]
+    elif cfg.by == "best":
+        chosen = best_checkpoints(paths, cfg.last_k)
     else:  # "time"
         # §6.1 wrote checkpoints at 10-minute intervals: walk back from the newest, keeping one
         # only if it is at least interval_minutes of training older than the last one kept
@@ -141,6 +144,23 @@ def select_checkpoints(ckpt_dir: Path, cfg: AverageConfig) -> list[Path]:
             file=sys.stderr,
         )
     return chosen
+
+
+def best_checkpoints(paths: list[Path], k: int) -> list[Path]:
+    """The best k of the train stage's best list (train.keep_best by train.best_metric, in the
+    newest checkpoint: selection.py), oldest first; AverageError if it has none or one is gone."""
+    newest = load_checkpoint(paths[-1])
+    best = (newest.get(checkpoint.SELECTION) or {}).get("best") or []
+    if not best:
+        raise AverageError(
+            f"{paths[-1]}: no best checkpoints recorded (average.by: best needs the train "
+            "stage's train.keep_best > 0)"
+        )
+    chosen = [checkpoint.step_path(paths[-1].parent, step) for step, _ in best[:k]]
+    for p in chosen:
+        if not p.is_file():
+            raise AverageError(f"{p}: a best checkpoint the train stage recorded is missing")
+    return sorted(chosen, key=_step)
 
 
 def save(ckpt: dict, out: Path) -> None:

@@ -23,6 +23,7 @@ REQUIRED = ("model", "model_config", "vocab_size", "step")
 # the ModelConfig fields that change the function the weights compute (dropout rates do not)
 ARCH_KEYS = ("d_model", "d_ff", "n_heads", "n_layers", "pre_ln", "tie_embeddings")
 STEP_RE = re.compile(r"step_(\d{8,})\.pt$")
+SELECTION = "selection"  # a training checkpoint's best-k list and patience state (selection.py)
 
 
 class CheckpointError(ValueError):
@@ -150,7 +151,12 @@ def step_path(ckpt_dir: Path, step: int) -> Path:
     return Path(ckpt_dir) / f"step_{step:08d}.pt"
 
 
+def step_of(path: Path) -> int:
+    """The step in a step_XXXXXXXX.pt file's name."""
+    return int(STEP_RE.search(Path(path).name).group(1))
+
+
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
     """step_XXXXXXXX.pt files in `ckpt_dir`, oldest step first."""
     paths = [p for p in Path(ckpt_dir).glob("step_*.pt") if STEP_RE.search(p.name)]
-    return sorted(paths, key=lambda p: int(STEP_RE.search(p.name).group(1)))
+    return sorted(paths, key=step_of)

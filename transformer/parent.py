@@ -103,9 +103,12 @@ def prepare(parent_dir: Path, cfg: RetrainConfig) -> dict[str, Any]:
 
 
 def continued_train_config(tcfg: TrainConfig, cont: ContinuationConfig) -> TrainConfig:
-    """train's settings with the continuation's length (its rate: Continuation)."""
+    """train's settings with the continuation's length and patience (its rate: Continuation)."""
     return dataclasses.replace(
-        tcfg, max_steps=cont.max_steps, time_budget_minutes=cont.time_budget_minutes
+        tcfg,
+        max_steps=cont.max_steps,
+        time_budget_minutes=cont.time_budget_minutes,
+        patience=cont.patience,
     )
 
 

@@ -33,6 +33,14 @@ RESUME_FREE_KEYS = frozenset(
         "save_every_steps",
         "save_every_minutes",
         "max_rewinds",  # raised after a run failed past it: go on from its last checkpoint
+        # what is scored and kept, and when to stop: not the weights (selection.py)
+        "valid_bleu",
+        "valid_bleu_sentences",
+        "valid_bleu_beam_size",
+        "best_metric",
+        "keep_best",
+        "patience",
+        "min_delta",
     }
 )
 
@@ -137,12 +145,15 @@ def make_checkpoint(
     }
 
 
-def write_checkpoint(ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int) -> Path:
+def write_checkpoint(
+    ckpt_dir: Path, ckpt: dict[str, Any], keep_last: int, keep_steps: set[int] = frozenset()
+) -> Path:
     path = checkpoint.step_path(ckpt_dir, ckpt["step"])
     checkpoint.save(path, ckpt)
-    if keep_last > 0:  # the last K kept (§6.1 averages the last 5 or 20)
-        for old in checkpoint.list_checkpoints(ckpt_dir)[:-keep_last]:
-            old.unlink(missing_ok=True)
+    if keep_last > 0:  # the last K kept (§6.1 averages the last 5 or 20), and `keep_steps`
+        for old in checkpoint.list_checkpoints(ckpt_dir)[:-keep_last]:  # (the best: selection.py)
+            if checkpoint.step_of(old) not in keep_steps:
+                old.unlink(missing_ok=True)
     return path
 
 

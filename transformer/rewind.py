@@ -68,6 +68,7 @@ class Rewinder:
         # each: kind, the steps first-last whose loss diverged, the step rewound to (back)
         self.events: list[dict[str, Any]] = [dict(e) for e in state.get("events", [])]
         self.mean: float | None = state.get("mean")  # of the loss per token, at read points
+        self.restored: dict[str, Any] = {}  # the checkpoint the last rewind went back to
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (key `rewind`), for a resume to go on with."""
@@ -159,6 +160,7 @@ class Rewinder:
 
             learner.graphs = Graphs(learner.device)  # captured afresh
         self.mean = (ckpt.get("rewind") or {}).get("mean")
+        self.restored = ckpt  # for the loop's other state kept in checkpoints (selection, EMA)
         self.events.append({"kind": kind, "first": first, "last": step, "back": back})
         dist.print0(
             f"{why} at step {steps}: rewound to {path} (step {back}), the batches of step(s) "

@@ -33,6 +33,7 @@ from transformer import allocator, checkpoint, dist, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.decode import DecodeError
 from transformer.files import sha256_file
 from transformer.learner import Learner, n_targets
 from transformer.losses import LossSums, NonFiniteLoss
@@ -57,7 +58,9 @@ from transformer.rewind import Rewinder
 from transformer.sections.model import ModelConfig
 from transformer.sections.retrain import RetrainConfig
 from transformer.sections.train import TrainConfig
+from transformer.selection import STATE, Selection
 from transformer.settings import ConfigError
+from transformer.valid_bleu import ValidBleu, ValidText, load_valid_text
 from transformer.validate import validate
 from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 
@@ -129,10 +132,11 @@ def train(
     progress_bar: bool = True,
     parent: Path | None = None,
     continued: Continuation | None = None,
+    valid_text: ValidText | None = None,
 ) -> dict[str, Any]:
-    """Train to max_steps / the time budget, from the weights of the package folder `parent`
-    where given (a continued retrain, at the rate `continued`); returns the final step, seconds
-    and metrics."""
+    """Train to max_steps / the time budget (or early stopping), from the weights of the package
+    folder `parent` where given (a continued retrain, at the rate `continued`), scoring BLEU on
+    `valid_text` at validation points; returns the final step, seconds and metrics."""
     allocator.keep_freed_memory()
     rank, world, device = dist.init()
     if tcfg.threads:
@@ -196,6 +200,10 @@ def train(
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
+    select = Selection(tcfg, bleu=valid_text is not None)  # best checkpoints, early stopping
+    select.load_state_dict(ckpt.get(STATE) if ckpt else None)
+    clock.stop |= select.stopped  # resumed where patience ran out: nothing left to train
+    bleu = ValidBleu(valid_text, tokenizer_dir, device) if valid_text else None
     rewinder = Rewinder(tcfg, ckpt_dir, learner, sampler, ckpt.get("rewind") if ckpt else None)
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
@@ -222,6 +230,7 @@ def train(
         if (back := rewinder.read(losses, step, pos)) is not None:  # diverged: rewound
             step, stream = back, batch_stream(train_set, sampler)  # past the diverged batches
             losses = LossSums(learner.sums, back)
+            select.load_state_dict(rewinder.restored.get(STATE))  # its best list and patience
             clock.stop = False  # (if it diverged at the last step)
             report.rewound(back)
             continue
@@ -231,7 +240,11 @@ def train(
             logged.update(rewinder.metrics())
         if validating:
             v = validate(model, valid_set, tcfg, device, learner.autocast)
+            v.update(bleu(model) if bleu else {})
             logged.update({f"valid/{k}": x for k, x in v.items()})
+            saving |= select.update(step, v)  # a new best: its checkpoint is kept
+            clock.stop |= select.stopped
+            saving |= clock.stop
             report.pause()
         report.log(step, logged)
         seconds = clock.seconds()
@@ -239,7 +252,8 @@ def train(
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
                 ckpt.update(run=run, origin=origin, rewind=rewinder.state_dict())
-                path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
+                ckpt[STATE] = select.state_dict()
+                path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last, select.best_steps())
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
     # nothing trained (the run was already done) and its curves gone (a clone that pulled the
@@ -250,8 +264,11 @@ def train(
     ):
         v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
+    outcome = select.summary(step, tcfg.max_steps, seconds)  # why it stopped, the best
+    if report.live is not None:
+        report.live.summary.update(outcome)
     report.close()
-    return {"step": step, "train_seconds": seconds, **report.metrics}
+    return {"step": step, "train_seconds": seconds, **report.metrics, **outcome}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -277,6 +294,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the parent package folder: with retrain.mode continue training starts from its "
         "weights, for retrain.continuation's steps and rate schedule",
     )
+    parser.add_argument(
+        "--raw",
+        type=Path,
+        help="raw split folder (valid.{src,tgt}): valid BLEU/chrF at validation points",
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -289,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         if parent is not None:
             continued = continuation(parent, rcfg.continuation, tcfg)
             tcfg = continued_train_config(tcfg, rcfg.continuation)
+        use_raw = args.raw and tcfg.valid_bleu
+        valid_text = load_valid_text(args.raw, tcfg, args.params) if use_raw else None
         out = train(
             args.shards,
             args.tokenizer,
@@ -300,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
             not args.no_progress,
             parent,
             continued,
+            valid_text,
         )
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
     except (
@@ -309,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         DataError,
         TokenizerError,
         ParentError,
+        DecodeError,
         OSError,
     ) as e:
         sys.exit(f"error: {e}")

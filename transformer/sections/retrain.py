@@ -25,9 +25,12 @@ class ContinuationConfig:
     time_budget_minutes: float = 0.0  # training wall time of the continuation; 0 = none
     rewarmup_steps: int = 30  # linear from 0 to the champion's rate over these first updates
     lr_factor: float = 1.0  # times the champion's continued rate (never above its last one)
+    # stop after this many validations without an improvement of train.min_delta in
+    # train.best_metric (train.patience for the continuation; max_steps / the budget: caps)
+    patience: int = 3
 
     def __post_init__(self) -> None:
-        at_least("retrain.continuation", self, 0, "max_steps", "time_budget_minutes")
+        at_least("retrain.continuation", self, 0, "max_steps", "time_budget_minutes", "patience")
         at_least("retrain.continuation", self, 1, "rewarmup_steps")
         if self.lr_factor <= 0:
             raise ConfigError(f"retrain.continuation.lr_factor must be > 0, got {self.lr_factor}")

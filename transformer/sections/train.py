@@ -39,12 +39,21 @@ class TrainConfig:
     rewind_lr_factor: float = 0.5  # the rate after a rewind, times this ...
     rewind_updates: int = 100  # ... for this many updates
     inject_divergence_at: int = 0  # test hook: the update of this step turns NaN once; 0 = never
+    # validation BLEU/chrF (valid_bleu.py), best checkpoints and early stopping (selection.py)
+    valid_bleu: bool = True  # decode the valid split at each validation point (needs --raw)
+    valid_bleu_sentences: int = 0  # the first N valid sentences; 0 = all
+    valid_bleu_beam_size: int = 0  # 0 = decode.beam_size (the evaluate stage's); 1 = greedy
+    best_metric: str = "bleu"  # bleu | chrf (higher is better) | loss (lower is better)
+    keep_best: int = 0  # the best k checkpoints by best_metric, kept beside the last keep_last
+    patience: int = 0  # stop after this many validations without improvement; 0 = off
+    min_delta: float = 0.0  # the least gain in best_metric that counts as an improvement
 
     def __post_init__(self) -> None:
         choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
         choice("train.static_shapes", self.static_shapes, ("auto", "on", "off"))
         choice("train.graphs", self.graphs, ("auto", "off"))
         choice("train.lr_decay", self.lr_decay, ("none", "linear", "cosine"))
+        choice("train.best_metric", self.best_metric, ("bleu", "chrf", "loss"))
         at_least(
             "train",
             self,
@@ -70,6 +79,11 @@ class TrainConfig:
             "max_rewinds",
             "rewind_updates",
             "inject_divergence_at",
+            "valid_bleu_sentences",
+            "valid_bleu_beam_size",
+            "keep_best",
+            "patience",
+            "min_delta",
         )
         if self.lr_scale <= 0:
             raise ConfigError(f"train.lr_scale must be > 0, got {self.lr_scale}")
