@@ -190,3 +190,19 @@ def test_two_gloo_ranks_rewind_together(corpus, tmp_path):
     final = checkpoint.load(checkpoint.step_path(tmp_path / "ckpt", 10))
     assert final["rewind"]["events"] == [INJECTED] and len(final["rng"]) == 2
     assert all(torch.isfinite(t).all() for t in final["model"].values())
+
+
+def test_a_rewind_restores_the_best_checkpoints_of_the_step_it_goes_back_to(corpus, tmp_path):
+    # validated (and a best kept) at steps 3, 6, 9 and 10; step 7 diverges, back to step 4: the
+    # best list is step 4's again, so step 6 is validated afresh, not listed twice
+    over = {"max_steps": 10, "save_every_steps": 2, "keep_last": 0, "valid_every_steps": 3}
+    params = write_params(
+        tmp_path / "params.yaml", inject_divergence_at=7, keep_best=5, best_metric="loss", **over
+    )
+    train_main(corpus, tmp_path / "ck", params)
+    last = checkpoint.load(checkpoint.step_path(tmp_path / "ck", 10))
+    assert last["rewind"]["events"] == [INJECTED]
+    steps = [s for s, _ in last["selection"]["best"]]
+    assert sorted(steps) == [3, 6, 9, 10]
+    for s in steps:
+        assert checkpoint.step_path(tmp_path / "ck", s).is_file(), s
