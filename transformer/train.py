@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer import allocator, checkpoint, dist, settings
+from transformer import allocator, checkpoint, dist, preempt, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
@@ -199,6 +199,7 @@ def train(
     alone_on_cpu = device.type == "cpu" and world == 1
     report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu, origin=origin)
     losses = LossSums(learner.sums, step)
+    notice = preempt.Notice()  # SIGTERM / SIGUSR1 (main): save the update in progress, stop
     model.train()
     while not clock.stop:
         step += 1
@@ -211,7 +212,7 @@ def train(
         report.bar.update(1)
 
         logging, validating = clock.should_log(step), clock.should_validate(step)
-        saving = clock.should_save(step)
+        saving = notice.agreed() or clock.should_save(step)
         if not (logging or validating or saving):
             continue  # nothing read back: on a GPU the host runs ahead to the next update
         losses.read(step)
@@ -231,16 +232,22 @@ def train(
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
+        if notice.stopped:
+            break
     # nothing trained (the run was already done) and its curves gone (a clone that pulled the
     # checkpoints only): log where it stands, so that the stage's metrics and plots exist again.
     # Rank 0 decides: every rank must join validate's all-reduce, or none.
-    if not report.metrics and dist.broadcast_object(
-        report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
+    if (
+        not report.metrics
+        and not notice.stopped
+        and dist.broadcast_object(
+            report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
+        )
     ):
         v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
     report.close()
-    return {"step": step, "train_seconds": seconds, **report.metrics}
+    return {"step": step, "train_seconds": seconds, "preempted": notice.stopped, **report.metrics}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -278,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         if parent is not None:
             continued = continuation(parent, rcfg.continuation, tcfg)
             tcfg = continued_train_config(tcfg, rcfg.continuation)
-        out = train(
+        out = preempt.handled(train)(  # with the notice's signals handled
             args.shards,
             args.tokenizer,
             args.ckpt_dir,
@@ -290,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
             parent,
             continued,
         )
+        if out["preempted"]:  # every rank saved this step
+            dist.print0(f"preempted at step {out['step']}: --resume continues from it")
+            sys.exit(preempt.PREEMPTED)
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
     except (
         ConfigError,
