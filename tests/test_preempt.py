@@ -62,6 +62,34 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert x["data"] == y["data"]
 
 
+def params(path: Path, nproc: int) -> Path:
+    return write_params(
+        path,
+        max_steps=STEPS,
+        save_every_steps=EVERY,
+        keep_last=0,
+        valid_every_steps=0,
+        log_every_steps=EVERY,
+        nproc=max(nproc, 1),
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    """nproc -> the last checkpoint of a run never stopped (made once per module)."""
+    done: dict[int, Path] = {}
+
+    def last(nproc: int) -> Path:
+        if nproc not in done:
+            d = tmp_path_factory.mktemp(f"uninterrupted-{nproc}")
+            code, out = finish(start(corpus, d / "ck", params(d / "params.yaml", nproc), nproc))
+            assert code == 0, out
+            done[nproc] = checkpoint.step_path(d / "ck", STEPS)
+        return done[nproc]
+
+    return last
+
+
 def test_the_notice_raises_the_flag_and_the_old_handlers_come_back(capfd):
     before = signal.getsignal(signal.SIGUSR1)
     notice = preempt.Notice()
@@ -78,7 +106,7 @@ def test_the_notice_raises_the_flag_and_the_old_handlers_come_back(capfd):
     assert "SIGUSR1: preemption notice" in err and "SIGTERM: already stopping" in err
 
 
-@pytest.mark.slow  # train processes: an uninterrupted run, a preempted one and its resume
+@pytest.mark.slow  # train processes: a preempted run and its resume (and, once, one not stopped)
 @pytest.mark.parametrize(
     ("nproc", "to", "sig"),
     [
@@ -89,21 +117,11 @@ def test_the_notice_raises_the_flag_and_the_old_handlers_come_back(capfd):
     ids=["1 process SIGTERM", "2 ranks SIGTERM to torchrun", "2 ranks SIGUSR1 to rank 1"],
 )
 def test_a_notice_saves_the_update_in_progress_exits_75_and_resumes_bit_exact(
-    corpus, tmp_path, nproc, to, sig
+    corpus, tmp_path, uninterrupted, nproc, to, sig
 ):
-    params = write_params(
-        tmp_path / "params.yaml",
-        max_steps=STEPS,
-        save_every_steps=EVERY,
-        keep_last=0,
-        valid_every_steps=0,
-        log_every_steps=EVERY,
-        nproc=max(nproc, 1),
-    )
-    code, out = finish(start(corpus, tmp_path / "full", params, nproc))
-    assert code == 0, out
+    p = params(tmp_path / "params.yaml", nproc)
     # --max-restarts: a notice is no failure to restart from
-    proc = start(corpus, tmp_path / "cut", params, nproc, "--max-restarts=1")
+    proc = start(corpus, tmp_path / "cut", p, nproc, "--max-restarts=1")
     when_saved(proc, tmp_path / "cut", EVERY)
     target = ranks(proc)[1] if to == "rank 1" else proc.pid
     os.kill(target, sig)
@@ -117,27 +135,18 @@ def test_a_notice_saves_the_update_in_progress_exits_75_and_resumes_bit_exact(
     assert f"preempted at step {cut['step']}: --resume continues from it" in out
     assert "preemption notice" in out and "Traceback" not in out
     assert not list((tmp_path / "cut").glob(".*.tmp"))  # nothing half-written
-    code, resumed = finish(start(corpus, tmp_path / "cut", params, nproc))
+    code, resumed = finish(start(corpus, tmp_path / "cut", p, nproc))
     assert code == 0, resumed
     assert f"resuming from {saved[-1]} (step {cut['step']})" in resumed
-    last = checkpoint.step_path
-    assert_same_weights(last(tmp_path / "full", STEPS), last(tmp_path / "cut", STEPS))
+    assert_same_weights(uninterrupted(nproc), checkpoint.step_path(tmp_path / "cut", STEPS))
 
 
-@pytest.mark.slow  # torchrun with two gloo ranks, one SIGKILLed; and an uninterrupted run
-def test_a_killed_rank_restarts_the_group_which_resumes_and_ends_bit_exact(corpus, tmp_path):
-    params = write_params(
-        tmp_path / "params.yaml",
-        max_steps=STEPS,
-        save_every_steps=EVERY,
-        keep_last=0,
-        valid_every_steps=0,
-        log_every_steps=EVERY,
-        nproc=2,
-    )
-    code, out = finish(start(corpus, tmp_path / "full", params, 2))
-    assert code == 0, out
-    proc = start(corpus, tmp_path / "lost", params, 2, "--max-restarts=1")
+@pytest.mark.slow  # torchrun with two gloo ranks, one SIGKILLed (and, once, a run not stopped)
+def test_a_killed_rank_restarts_the_group_which_resumes_and_ends_bit_exact(
+    corpus, tmp_path, uninterrupted
+):
+    p = params(tmp_path / "params.yaml", 2)
+    proc = start(corpus, tmp_path / "lost", p, 2, "--max-restarts=1")
     when_saved(proc, tmp_path / "lost", EVERY)
     os.kill(ranks(proc)[1], signal.SIGKILL)
     code, out = finish(proc)
@@ -145,5 +154,4 @@ def test_a_killed_rank_restarts_the_group_which_resumes_and_ends_bit_exact(corpu
     assert "exitcode: -9" in out  # the agent saw the lost rank, and restarted the group
     resumed = [line for line in out.splitlines() if line.startswith("resuming from")]
     assert len(resumed) == 1 and "(step " in resumed[0], out
-    last = checkpoint.step_path
-    assert_same_weights(last(tmp_path / "full", STEPS), last(tmp_path / "lost", STEPS))
+    assert_same_weights(uninterrupted(2), checkpoint.step_path(tmp_path / "lost", STEPS))
