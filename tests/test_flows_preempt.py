@@ -63,7 +63,9 @@ def launcher() -> int | None:
         pid = todo.pop()
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            # every thread's children: Prefect runs a task, and so its `dvc`, in a worker thread
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
             continue
         if b"transformer.launch" in argv:
@@ -71,14 +73,15 @@ def launcher() -> int | None:
     return None
 
 
-def notice_once_saved(ckpt: Path, sent: list[int]) -> None:
-    """SIGTERM to the stage's launcher once its first checkpoint is written."""
-    while not ckpt.exists():
+def notice_once_saved(ckpt: Path, sent: list[int], done: threading.Event) -> None:
+    """SIGTERM to the stage's launcher once its first checkpoint is written (unless the flow
+    has ended: then `sent` stays empty)."""
+    while not done.is_set():
+        if ckpt.exists() and (pid := launcher()) is not None:
+            os.kill(pid, signal.SIGTERM)
+            sent.append(pid)
+            return
         time.sleep(0.01)
-    while (pid := launcher()) is None:
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGTERM)
-    sent.append(pid)
 
 
 @pytest.mark.slow  # a Prefect server; the train stage, preempted and resumed
@@ -92,12 +95,16 @@ def test_a_preempted_train_stage_is_resumed_and_its_state_says_preempted(
     project = train_project(tmp_path / "project", corpus)
     ckpts = project / "data" / "checkpoints"
     sent: list[int] = []
+    done = threading.Event()
     watch = threading.Thread(
-        target=notice_once_saved, args=(checkpoint.step_path(ckpts, EVERY), sent)
+        target=notice_once_saved, args=(checkpoint.step_path(ckpts, EVERY), sent, done)
     )
     watch.start()
-    state = train_stage(str(project), return_state=True)
-    watch.join()
+    try:
+        state = train_stage(str(project), return_state=True)
+    finally:
+        done.set()
+        watch.join()
     assert sent and state.is_completed(), state.message
     run = str(state.state_details.flow_run_id)
     with client() as c:

@@ -50,7 +50,11 @@ def when_saved(proc: subprocess.Popen, ckpt: Path, step: int) -> None:
 def ranks(launcher: subprocess.Popen) -> list[int]:
     """The launcher's rank processes (its children), rank 0 first."""
     pid = launcher.pid
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return sorted(
+        int(c)
+        for t in Path(f"/proc/{pid}/task").iterdir()
+        for c in (t / "children").read_text().split()
+    )
 
 
 def assert_same_weights(a: Path, b: Path) -> None:

@@ -61,8 +61,9 @@ def _launcher_waits() -> bool:
     parent = os.getppid()
     if os.environ.get(LAUNCHER) != str(parent):
         return False
-    try:
-        ranks = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    try:  # (each thread's children: the agent's thread that started them)
+        tasks = Path(f"/proc/{parent}/task").iterdir()
+        ranks = [c for t in tasks for c in (t / "children").read_text().split()]
     except OSError:  # not Linux: pass it on
         return True
     return len(ranks) >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
