@@ -38,6 +38,7 @@ from flows.shell import (
 )
 
 MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes
+PREEMPTED_RESUMES = 3  # a stage preempted (exit 75) is resumed this many times in its task run
 RETRY_DELAYS_S = (2, 10, 30)  # before each retry of a failure that may pass
 
 
@@ -58,18 +59,40 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
     t0 = time.monotonic()
     logger().info("stage %s: started", stage)
-    out = dvc(
-        "repro",
-        "--single-item",
-        *(["--force"] if force else []),
-        stage,
-        cwd=ws,
-        what=f"stage {stage}",
-    )
+    for resumes in range(PREEMPTED_RESUMES + 1):
+        try:
+            out = dvc(
+                "repro",
+                "--single-item",
+                *(["--force"] if force else []),
+                stage,
+                cwd=ws,
+                what=f"stage {stage}",
+            )
+            break
+        except CommandError as e:
+            if not e.preempted or resumes == PREEMPTED_RESUMES:
+                raise
+            resuming(
+                f"stage {stage} preempted ({e.cause}); resuming ({resumes + 1} of "
+                f"{PREEMPTED_RESUMES})"
+            )
     text = "\n".join(out)
     done = "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
     logger().info("stage %s: %s (%.0f s)", stage, done, time.monotonic() - t0)
     return done
+
+
+def resuming(message: str) -> None:
+    """A preempted stage's retry, in the task run's state (Retrying, its message saying why) and
+    log: no failure, and it does not count against the retries of failures."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import task_run
+    from prefect.states import Retrying
+
+    logger().warning("%s", message)
+    with get_client(sync_client=True) as client:
+        client.set_task_run_state(task_run.get_id(), Retrying(message=message), force=True)
 
 
 def stage_task(stage: str, download_retries: int, retry_delay_s: float):

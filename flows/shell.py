@@ -35,6 +35,10 @@ TRANSIENT = re.compile(
     # command and "exited with 137" (128 + 9) when a shell waited for it; torchrun "exitcode : -9"
     r"exited with (-(9|15)|137|143)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
 )
+# the train stage's "preempted, resume me" (transformer/preempt.py: SIGTERM / SIGUSR1 to it, or
+# a cancelled run's stop): it saved the update in progress, and --resume goes on from it
+PREEMPTED = 75
+EXITED_PREEMPTED = re.compile(rf"exited with {PREEMPTED}\b")
 CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^\w*(Error|Exception): ")
 WRAPPER = re.compile(r"^ERROR: failed to reproduce ")  # DVC's summary of the stage's own error
 ADVICE = re.compile(
@@ -42,6 +46,9 @@ ADVICE = re.compile(
     r"\s+dvc config core\.autostage true|Use `dvc push` to send your updates to remote storage\.)"
 )
 PROGRESS_EVERY_S = 60.0
+# a stopped command's time to exit before SIGKILL: the train stage saves its update in progress
+# (a preemption notice); under the 30 s Prefect's runner gives a cancelled flow run's process
+STOP_GRACE_S = 25.0
 _running: set[subprocess.Popen] = set()  # the commands in flight, for the orphan watch
 _orphaned = threading.Event()  # set by the orphan watch: the flow run is ending, no state from here
 
@@ -55,10 +62,13 @@ class CommandError(RuntimeError):
         self.transient = (
             code < 0 or code in (128 + 9, 128 + 15) or any(TRANSIENT.search(line) for line in tail)
         )
+        self.preempted = code == PREEMPTED or any(EXITED_PREEMPTED.search(t) for t in tail)
         self.cause = cause(tail) or f"exit status {code}"
+        if self.preempted:
+            self.cause = f"exit {PREEMPTED}: it saved its update in progress, a retry resumes it"
         super().__init__(
-            f"{what} failed: {self.cause}\n`{' '.join(cmd)}` exited with {code}:\n"
-            + "\n".join(tail[-20:])
+            f"{what} {'preempted' if self.preempted else 'failed'}: {self.cause}\n"
+            f"`{' '.join(cmd)}` exited with {code}:\n" + "\n".join(tail[-20:])
         )
 
 
@@ -205,7 +215,7 @@ def run(
     return lines
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM, then SIGKILL, the command's process group, unless it has already exited."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:

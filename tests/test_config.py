@@ -161,10 +161,11 @@ def test_every_stage_depends_on_the_modules_it_runs():
         assert not init.read_text().strip(), f"{init}: not empty, but no stage depends on it"
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     for name, stage in stages.items():
-        module = re.search(r"-m (transformer\.\w+)", stage["cmd"]).group(1)
+        # every module the command runs: the train stage's launcher, and what it launches
+        modules = re.findall(r"-m (transformer\.\w+)", stage["cmd"])
         deps = [d for d in stage["deps"] if d.endswith(".py")]
         assert len(deps) == len(set(deps)), f"dvc.yaml: stage {name} lists a dep twice"
-        want = imported_modules(root, module)
+        want = set().union(*(imported_modules(root, m) for m in modules))
         assert not want - set(deps), f"dvc.yaml: stage {name} lacks deps {sorted(want - set(deps))}"
         assert not set(deps) - want, (
             f"dvc.yaml: stage {name} depends on modules it does not import: "

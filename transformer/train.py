@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer import allocator, checkpoint, dist, settings
+from transformer import allocator, checkpoint, dist, preempt, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
@@ -210,6 +210,7 @@ def train(
     alone_on_cpu = device.type == "cpu" and world == 1
     report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu, origin=origin)
     losses = LossSums(learner.sums, step)
+    notice = preempt.Notice()  # SIGTERM / SIGUSR1 (main): save the update in progress, stop
     model.train()
     while not clock.stop:
         step += 1
@@ -224,7 +225,7 @@ def train(
         report.bar.update(1)
 
         logging, validating = clock.should_log(step), clock.should_validate(step)
-        saving = clock.should_save(step)
+        saving = notice.agreed() or clock.should_save(step)
         if not (logging or validating or saving):
             continue  # nothing read back: on a GPU the host runs ahead to the next update
         if (back := rewinder.read(losses, step, pos)) is not None:  # diverged: rewound
@@ -256,19 +257,32 @@ def train(
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last, select.best_steps())
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
+        if notice.stopped:
+            break
     # nothing trained (the run was already done) and its curves gone (a clone that pulled the
     # checkpoints only): log where it stands, so that the stage's metrics and plots exist again.
     # Rank 0 decides: every rank must join validate's all-reduce, or none.
-    if not report.metrics and dist.broadcast_object(
-        report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
+    if (
+        not report.metrics
+        and not notice.stopped
+        and dist.broadcast_object(
+            report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
+        )
     ):
         v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
-    outcome = select.summary(step, tcfg.max_steps, seconds)  # why it stopped, the best
+    # why it stopped, the best (a preempted run has not stopped: it resumes)
+    outcome = {} if notice.stopped else select.summary(step, tcfg.max_steps, seconds)
     if report.live is not None:
         report.live.summary.update(outcome)
     report.close()
-    return {"step": step, "train_seconds": seconds, **report.metrics, **outcome}
+    return {
+        "step": step,
+        "train_seconds": seconds,
+        "preempted": notice.stopped,
+        **report.metrics,
+        **outcome,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
             tcfg = continued_train_config(tcfg, rcfg.continuation)
         use_raw = args.raw and tcfg.valid_bleu
         valid_text = load_valid_text(args.raw, tcfg, args.params) if use_raw else None
-        out = train(
+        out = preempt.handled(train)(  # with the notice's signals handled
             args.shards,
             args.tokenizer,
             args.ckpt_dir,
@@ -326,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
             continued,
             valid_text,
         )
+        if out["preempted"]:  # every rank saved this step
+            dist.print0(f"preempted at step {out['step']}: --resume continues from it")
+            sys.exit(preempt.PREEMPTED)
         dist.print0(f"done: step {out['step']}, {out['train_seconds']:.0f} s")
     except (
         ConfigError,

@@ -10,6 +10,7 @@ from transformer.settings import ConfigError, at_least, choice, fraction
 @dataclass
 class TrainConfig:
     nproc: int = 1  # torchrun --nproc_per_node
+    max_restarts: int = 0  # torchrun --max-restarts: a lost rank restarts the group (resumes)
     seed: int = 1
     max_tokens: int = 4096  # per process and micro-batch, padded positions, each side
     update_freq: int = 1  # gradient accumulation: micro-batches per update
@@ -68,6 +69,7 @@ class TrainConfig:
             "train",
             self,
             0,
+            "max_restarts",
             "max_steps",
             "time_budget_minutes",
             "clip_norm",

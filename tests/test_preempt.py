@@ -1,0 +1,161 @@
+"""The preemption notice (SIGTERM / SIGUSR1: save the update in progress, exit 75) and a lost rank
+(torchrun restarts the group, which resumes): real train processes, gloo ranks, fp32 on CPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.train import ROOT, write_params
+
+from transformer import checkpoint, preempt
+
+STEPS, EVERY = 20, 5  # a run's updates; its periodic checkpoints
+
+
+def start(corpus: Path, ckpt: Path, params: Path, nproc: int, *launch: str) -> subprocess.Popen:
+    """The stage's command: `python -m transformer.launch ... -m transformer.train` with `nproc`
+    gloo ranks, or, with nproc 0, the lone train process."""
+    launcher = (
+        ["-m", "transformer.launch", "--standalone", f"--nproc_per_node={nproc}", *launch]
+        if nproc
+        else []
+    )
+    args = [str(corpus / "shards"), str(corpus / "tok"), str(ckpt), "--params", str(params)]
+    cmd = [sys.executable, *launcher, "-m", "transformer.train", *args, "--no-progress", "--resume"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=300)
+    return proc.returncode, out
+
+
+def when_saved(proc: subprocess.Popen, ckpt: Path, step: int) -> None:
+    path = checkpoint.step_path(ckpt, step)
+    while not path.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    assert proc.poll() is None, "finished before the signal"
+
+
+def ranks(launcher: subprocess.Popen) -> list[int]:
+    """The launcher's rank processes (its children), rank 0 first."""
+    pid = launcher.pid
+    return sorted(
+        int(c)
+        for t in Path(f"/proc/{pid}/task").iterdir()
+        for c in (t / "children").read_text().split()
+    )
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    x, y = checkpoint.load(a), checkpoint.load(b)
+    for k, v in x["model"].items():
+        assert torch.equal(v, y["model"][k]), k  # bit for bit
+    for sx, sy in zip(x["optimizer"]["state"].values(), y["optimizer"]["state"].values()):
+        assert torch.equal(sx["exp_avg_sq"], sy["exp_avg_sq"])
+    assert x["data"] == y["data"]
+
+
+def params(path: Path, nproc: int) -> Path:
+    return write_params(
+        path,
+        max_steps=STEPS,
+        save_every_steps=EVERY,
+        keep_last=0,
+        valid_every_steps=0,
+        log_every_steps=EVERY,
+        nproc=max(nproc, 1),
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    """nproc -> the last checkpoint of a run never stopped (made once per module)."""
+    done: dict[int, Path] = {}
+
+    def last(nproc: int) -> Path:
+        if nproc not in done:
+            d = tmp_path_factory.mktemp(f"uninterrupted-{nproc}")
+            code, out = finish(start(corpus, d / "ck", params(d / "params.yaml", nproc), nproc))
+            assert code == 0, out
+            done[nproc] = checkpoint.step_path(d / "ck", STEPS)
+        return done[nproc]
+
+    return last
+
+
+def test_the_notice_raises_the_flag_and_the_old_handlers_come_back(capfd):
+    before = signal.getsignal(signal.SIGUSR1)
+    notice = preempt.Notice()
+
+    def body():
+        assert not notice.agreed()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one: no harm, still stopping
+        return notice.agreed()
+
+    assert preempt.handled(body)() and notice.stopped
+    assert signal.getsignal(signal.SIGUSR1) is before
+    err = capfd.readouterr().err
+    assert "SIGUSR1: preemption notice" in err and "SIGTERM: already stopping" in err
+
+
+@pytest.mark.slow  # train processes: a preempted run and its resume (and, once, one not stopped)
+@pytest.mark.parametrize(
+    ("nproc", "to", "sig"),
+    [
+        (0, "process", signal.SIGTERM),
+        (2, "launcher", signal.SIGTERM),
+        (2, "rank 1", signal.SIGUSR1),
+    ],
+    ids=["1 process SIGTERM", "2 ranks SIGTERM to torchrun", "2 ranks SIGUSR1 to rank 1"],
+)
+def test_a_notice_saves_the_update_in_progress_exits_75_and_resumes_bit_exact(
+    corpus, tmp_path, uninterrupted, nproc, to, sig
+):
+    p = params(tmp_path / "params.yaml", nproc)
+    # --max-restarts: a notice is no failure to restart from
+    proc = start(corpus, tmp_path / "cut", p, nproc, "--max-restarts=1")
+    when_saved(proc, tmp_path / "cut", EVERY)
+    target = ranks(proc)[1] if to == "rank 1" else proc.pid
+    os.kill(target, sig)
+    os.kill(target, sig)  # a second notice while the first is acted on (or the two as one)
+    code, out = finish(proc)
+    assert code == preempt.PREEMPTED, out
+    saved = checkpoint.list_checkpoints(tmp_path / "cut")
+    cut = checkpoint.load(saved[-1])
+    # the update in progress when the notice came, not the periodic checkpoint before it
+    assert EVERY < cut["step"] < STEPS and not cut["final"], [p.name for p in saved]
+    assert f"preempted at step {cut['step']}: --resume continues from it" in out
+    assert "preemption notice" in out and "Traceback" not in out
+    assert not list((tmp_path / "cut").glob(".*.tmp"))  # nothing half-written
+    code, resumed = finish(start(corpus, tmp_path / "cut", p, nproc))
+    assert code == 0, resumed
+    assert f"resuming from {saved[-1]} (step {cut['step']})" in resumed
+    assert_same_weights(uninterrupted(nproc), checkpoint.step_path(tmp_path / "cut", STEPS))
+
+
+@pytest.mark.slow  # torchrun with two gloo ranks, one SIGKILLed (and, once, a run not stopped)
+def test_a_killed_rank_restarts_the_group_which_resumes_and_ends_bit_exact(
+    corpus, tmp_path, uninterrupted
+):
+    p = params(tmp_path / "params.yaml", 2)
+    proc = start(corpus, tmp_path / "lost", p, 2, "--max-restarts=1")
+    when_saved(proc, tmp_path / "lost", EVERY)
+    os.kill(ranks(proc)[1], signal.SIGKILL)
+    code, out = finish(proc)
+    assert code == 0, out
+    assert "exitcode: -9" in out  # the agent saw the lost rank, and restarted the group
+    resumed = [line for line in out.splitlines() if line.startswith("resuming from")]
+    assert len(resumed) == 1 and "(step " in resumed[0], out
+    assert_same_weights(uninterrupted(2), checkpoint.step_path(tmp_path / "lost", STEPS))
