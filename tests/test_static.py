@@ -211,7 +211,7 @@ def test_the_compiled_update_equals_eager_with_no_graph_break():
 def test_one_compiled_graph_per_batch_shape_over_epochs():
     """Compiled per shape (dynamic=False), the loss is traced once per static shape and never
     again: nothing else in it (the batch's target count, a rate) is guarded on."""
-    s, t = lengths(60, seed=7, longest=10)  # two shapes, each in many batches: a compile each
+    s, t = lengths(60, seed=7, longest=12)
     sampler = BatchSampler(s, t, 48, 1, static=True)
     data = pairs(s, t)
     m = model()
@@ -237,7 +237,7 @@ def test_the_dynamic_compiled_update_is_one_graph_over_a_dozen_shapes():
     """train.compile's default (dynamic): one graph for every static batch shape, a batch of
     each of 12+ shapes twice, where the traced chunk loop of the loss gave one per shape and an
     error at the ninth (the recompile limit, 8, under fullgraph)."""
-    s, t = lengths(150, seed=8, longest=22)  # 13 shapes: past the recompile limit, 8
+    s, t = lengths(400, seed=8, longest=40)
     sampler = BatchSampler(s, t, 120, 1, static=True)
     data = pairs(s, t)
     one = {}  # a batch of each shape
