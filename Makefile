@@ -50,11 +50,16 @@ multi30k: setup
 	PATH=$(abspath $(BIN)):$$PATH LD_PRELOAD=$(JEMALLOC) $(BIN)/dvc repro
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc metrics show data/metrics/evaluate.json
 
-# pytest's output ends with the 15 slowest tests and the suite's count and time (what CI shows)
+# pytest's output ends with the 15 slowest tests and the suite's count and time (what CI shows).
+# Two pytest-xdist workers: the real-server tests wait on processes about half the time, so two
+# at once fill both cores (docs/experiments/2026-11-27-test-suite-time.md); tests that share a
+# module's fixture run on one worker (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=15
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=15 \
+	  -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test-fast: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -m "not slow" --durations=15

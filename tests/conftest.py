@@ -8,6 +8,10 @@ import random
 from pathlib import Path
 
 import pytest
+from helpers.continuing import (  # noqa: F401 (fixtures: a real v1.0.0 champion, once)
+    continuing_champion,
+    continuing_template,
+)
 from helpers.decode import copy_model, model_files, sources  # noqa: F401 (fixtures)
 from helpers.evaluate import scored, stage_inputs  # noqa: F401 (fixtures: a tiny trained pipeline)
 from helpers.train import corpus  # noqa: F401 (fixture: a tiny corpus through the stages)
@@ -67,14 +71,37 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None if seed is None else f"shuffled: --shuffle {seed} repeats this order"
 
 
+# session fixtures that build something expensive: their tests share one xdist worker
+BUILT_ONCE = ("continuing_template",)
+
+
+def shared_build(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses a module-scoped fixture (its module's) or a
+    BUILT_ONCE fixture (that fixture's): with `-n 2 --dist loadgroup` (make test) such tests run
+    on one worker, which builds the fixture once, as a plain run does."""
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = info.name2fixturedefs if info else {}  # every fixture it needs, transitively
+    if once := [name for name in BUILT_ONCE if name in fixtures]:
+        return once[0]
+    if any(defs[-1].scope == "module" for defs in fixtures.values()):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest regroups tests by their parametrized fixtures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test on the real Prefect server is slow by definition (a server, serve processes,
     `dvc exp run`): marked here, so `make test-fast` never starts one, whoever wrote the test.
+    Each test's xdist group (shared_build); on xdist workers the slow tests go first (the
+    longest work starts first, so neither worker is left alone with it at the end).
     With --shuffle SEED: the files in a random order, and each file's tests."""
     for item in items:
         if "prefect_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        if group := shared_build(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput") and config.getoption("shuffle") is None:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
     seed = config.getoption("shuffle")
     if seed is not None:
         rng, files = random.Random(seed), {}

@@ -7,80 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from helpers.checkout import checkout
+from helpers.continuing import PRESET, Champion, write_corpus
 from prefect_fixtures import DVC, sh
 
 from flows import lineage, registry, results
 from flows.dag import locked_outs, read_dag
 from flows.workspace import WORKSPACE
 
-PRESET = "tiny-continue"
 GREEK = ["η", "γάτα", "κάθεται", "στο", "χαλί", "και", "κοιτάζει", "έξω", "σπίτι", "δρόμο"]
-
-
-def preset(corpus: Path) -> dict:
-    """The demo at a few dozen steps, on local files that the test grows, continuing."""
-    split = {s: [{"path": f"{corpus}/{s}.{{lang}}", "name": s}] for s in ("train", "valid", "test")}
-    return {
-        "download": {"source": "local", "splits": split},
-        "tokenizer": {"vocab_size": 300},
-        "model": {"d_model": 64, "d_ff": 256, "n_layers": 1},
-        "train": {  # a short warmup: the continuation goes on at the champion's rate
-            "max_steps": 10,
-            "warmup_steps": 10,
-            "lr_scale": 0.2,
-            "max_tokens": 1024,
-            "save_every_steps": 5,
-            "valid_every_steps": 5,
-            "threads": 1,
-        },
-        "average": {"last_k": 2},
-        "decode": {"beam_size": 1},
-        "retrain": {
-            "mode": "continue",
-            "max_oov_rate": 0.4,  # this tiny vocabulary leaves ~1/4 of its own words to bytes
-            "continuation": {"max_steps": 150},  # the default rate: the champion's own
-        },
-    }
-
-
-def corpus_files(tmp_path: Path) -> Path:
-    """400 synthetic en-de pairs (valid/test 20) as the download stage writes them."""
-    gen = tmp_path / "gen"
-    gen.mkdir()
-    params = {"download": {"synthetic": {"train": 400, "valid": 20, "test": 20}}}
-    (gen / "params.yaml").write_text(yaml.safe_dump(params))
-    sh(sys.executable, "-m", "transformer.download", str(gen / "raw"), cwd=gen)
-    return gen / "raw"
-
-
-def write_corpus(src: Path, dest: Path, n: int, extra: list[str] = ()) -> None:
-    dest.mkdir(exist_ok=True)
-    for lang in ("en", "de", "fr"):  # fr: a copy of de, for a recipe of another language pair
-        side = "de" if lang == "fr" else lang
-        for split in ("valid", "test"):
-            shutil.copy(src / f"{split}.{side}", dest / f"{split}.{lang}")
-        lines = (src / f"train.{side}").read_text().splitlines(keepends=True)[:n]
-        (dest / f"train.{lang}").write_text("".join(lines) + "".join(extra))
-
-
-def project_with_recipe(tmp_path: Path, n: int) -> tuple[Path, Path, Path]:
-    """(the generated corpus, the local corpus of its first n train pairs, a checkout of the
-    project with the continuing recipe committed as preset PRESET)."""
-    source, corpus = corpus_files(tmp_path), tmp_path / "corpus"
-    write_corpus(source, corpus, n)
-    project = checkout(tmp_path)
-    (project / "presets" / f"{PRESET}.yaml").write_text(yaml.safe_dump(preset(corpus)))
-    sh("git", "add", "-A", cwd=project)
-    sh("git", "commit", "-qm", "a continuing recipe", cwd=project)
-    return source, corpus, project
 
 
 def stage_runs(flow_run_id) -> dict[str, int]:
@@ -109,18 +47,22 @@ def md5s(hashes: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Path) -> None:
+def test_continue_promoted_then_each_fallback(
+    prefect_server: dict, continuing_champion: Champion
+) -> None:
     from flows.retrain import retrain
 
-    source, corpus, project = project_with_recipe(tmp_path, 300)
-    ws = project / WORKSPACE
+    source, corpus, project = (
+        continuing_champion.source,
+        continuing_champion.corpus,
+        continuing_champion.project,
+    )
+    ws, v1 = project / WORKSPACE, continuing_champion.v1
 
-    first = retrain(preset=PRESET, project=str(project))
+    first = continuing_champion.first  # the first retrain of the recipe (helpers/continuing.py)
     assert "trained from scratch: no champion to continue from" in first["reason"]
     assert first["promoted"] and first["version"] == "v1.0.0", first["reason"]
     assert (ws / "data/parent/NONE").is_file()
-    v1 = tmp_path / "v1"
-    shutil.copytree(ws / "data/package", v1)
 
     write_corpus(source, corpus, 400)  # the data grows
     out = retrain(preset=PRESET, project=str(project))
@@ -167,13 +109,17 @@ def test_continue_promoted_then_each_fallback(prefect_server: dict, tmp_path: Pa
 
 @pytest.mark.slow
 def test_continue_falls_back_when_the_new_data_is_new_to_the_tokenizer(
-    prefect_server: dict, tmp_path: Path
+    prefect_server: dict, continuing_champion: Champion
 ) -> None:
     from flows.retrain import retrain
 
-    source, corpus, project = project_with_recipe(tmp_path, 400)
+    source, corpus, project = (
+        continuing_champion.source,
+        continuing_champion.corpus,
+        continuing_champion.project,
+    )
     ws = project / WORKSPACE
-    first = retrain(preset=PRESET, project=str(project))
+    first = continuing_champion.first  # v1.0.0 of the first 300 pairs (helpers/continuing.py)
     assert first["version"] == "v1.0.0", first["reason"]
     kept = (ws / "data/tokenizer/tokenizer.json").read_bytes()
     # new data in a script the tokenizer never saw (distinct lines: the download stage dedups)
