@@ -17,6 +17,7 @@ device until a log, validation or checkpoint point reads it (and stops a non-fin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer import allocator, checkpoint, dist, settings
+from transformer import allocator, checkpoint, dist, ema, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
@@ -193,6 +194,8 @@ def train(
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
+    average = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
+    on_average = average.swapped if average else contextlib.nullcontext  # validation's weights
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
@@ -207,6 +210,8 @@ def train(
         n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
         lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
         learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
+        if average:
+            average.update()
         losses.add(n_tokens)
         report.bar.update(1)
 
@@ -219,7 +224,8 @@ def train(
         if logging:
             logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
         if validating:
-            v = validate(model, valid_set, tcfg, device, learner.autocast)
+            with on_average():
+                v = validate(model, valid_set, tcfg, device, learner.autocast)
             logged.update({f"valid/{k}": x for k, x in v.items()})
             report.pause()
         report.log(step, logged)
@@ -228,6 +234,7 @@ def train(
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
                 ckpt.update(run=run, origin=origin)
+                ema.add_to(ckpt, average)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
@@ -237,7 +244,8 @@ def train(
     if not report.metrics and dist.broadcast_object(
         report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
     ):
-        v = validate(model, valid_set, tcfg, device, learner.autocast)
+        with on_average():
+            v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
     report.close()
     return {"step": step, "train_seconds": seconds, **report.metrics}

@@ -12,8 +12,10 @@ class AverageConfig:
     last_k: int = 5  # §6.1: 5 for base, 20 for big
     by: str = "steps"  # steps | time (pick checkpoints at least interval_minutes apart)
     interval_minutes: float = 10.0
+    weights: str = "model"  # model | ema: average the checkpoints' EMAs (train.ema_decay > 0)
 
     def __post_init__(self) -> None:
         choice("average.by", self.by, ("steps", "time"))
+        choice("average.weights", self.weights, ("model", "ema"))
         at_least("average", self, 1, "last_k")
         at_least("average", self, 0, "interval_minutes")

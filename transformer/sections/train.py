@@ -33,6 +33,7 @@ class TrainConfig:
     static_shapes: str = "auto"  # on | off | auto (on with CUDA): a bounded set of batch shapes
     graphs: str = "auto"  # auto (CUDA, static shapes, one process, not fp16) | off: CUDA graphs
     compile: bool = False  # torch.compile the loss (fullgraph, dynamic shapes)
+    ema_decay: float = 0.0  # an fp32 moving average of the weights (ema.py); 0 = off
 
     def __post_init__(self) -> None:
         choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
@@ -67,5 +68,7 @@ class TrainConfig:
         if self.max_steps < 1 and self.time_budget_minutes <= 0:
             raise ConfigError("train.max_steps must be >= 1 unless time_budget_minutes is set")
         fraction("train", self, "label_smoothing")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
