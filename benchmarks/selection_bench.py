@@ -14,7 +14,8 @@ evaluate_split); then four models are built with the average stage's averaging:
 
 Each is decoded on val and test and compared with last-k by sacreBLEU's paired bootstrap
 (1,000 resamples, seed 12345: sacreBLEU's defaults). Everything decoded is kept under OUT_DIR
-(a rerun skips it: the per-checkpoint scores are in OUT_DIR/valid_bleu.json); the table goes to
+(a rerun skips what was decoded from the same checkpoints; `--valid-only` scores the
+checkpoints there are so far, e.g. while the run still trains: OUT_DIR/valid_bleu.json); the table goes to
 stdout and OUT_DIR/results.md, the figures to OUT_DIR/results.json.
 """
 
@@ -25,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 
@@ -54,15 +56,17 @@ class Scorer:
         self.langs, self.cleanup = (dl.src_lang, dl.tgt_lang), dl.clean.eval_cleanup()
         self.tok, self.raw, self.out = run / "data" / "tokenizer", run / "data" / "raw", out
 
-    def score(self, model: Path, split: str, name: str) -> dict:
-        """{bleu, chrf, decode_seconds, hyps}: of OUT/name.split.json if it is there."""
+    def score(self, model: Path, split: str, name: str, made_of: list[str]) -> dict:
+        """{bleu, chrf, decode_seconds, hyps}: of OUT/name.split.json if it is there and
+        scored a model `made_of` the same checkpoints and weights."""
         record = self.out / f"{name}.{split}.json"
-        if record.is_file():
+        if record.is_file() and json.loads(record.read_text())["made_of"] == made_of:
             return json.loads(record.read_text())
         tr = load_translator(model, self.tok, self.cfg, self.cfg.precision, (), pick_device("cpu"))
         hyps = f"hyps.{name}.{split}.txt"
         r = evaluate_split(tr, self.raw, self.out, split, self.langs, self.ev, hyps, False)
         keep = {k: r[k] for k in ("bleu", "chrf", "decode_seconds", "hyps", "bleu_signature")}
+        keep["made_of"] = made_of
         write_json(record, keep)
         return keep
 
@@ -82,7 +86,7 @@ def valid_bleu(scorer: Scorer, paths: list[Path]) -> dict[str, dict]:
     """Each checkpoint's val BLEU and chrF, decoded as the evaluate stage does."""
     table = {}
     for i, p in enumerate(paths):
-        r = scorer.score(p, "valid", f"ckpt.{p.stem}")
+        r = scorer.score(p, "valid", f"ckpt.{p.stem}", [p.name])
         table[p.name] = {"step": int(checkpoint.STEP_RE.search(p.name).group(1)), **r}
         print(f"[{i + 1}/{len(paths)}] {p.name}: val BLEU {r['bleu']:.2f}", file=sys.stderr)
     write_json(scorer.out / "valid_bleu.json", table)
@@ -106,9 +110,7 @@ def models(paths: list[Path], table: dict[str, dict], k: int, out: Path) -> dict
     }
     made = {}
     for name, (chosen, weights) in recipes.items():
-        target = out / f"{name}.pt"
-        if not target.is_file():
-            save(average_checkpoints(chosen, weights), target)
+        save(average_checkpoints(chosen, weights), out / f"{name}.pt")
         made[name] = {"checkpoints": [p.name for p in chosen], "weights": weights}
     return made
 
@@ -150,7 +152,9 @@ def table_md(result: dict, made: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, m in made.items():
-        steps = ", ".join(c.removeprefix("step_").removesuffix(".pt").lstrip("0") for c in m["checkpoints"])
+        steps = ", ".join(
+            c.removeprefix("step_").removesuffix(".pt").lstrip("0") for c in m["checkpoints"]
+        )
         cells = []
         for s in SPLITS:
             r = result[s][name]
@@ -169,17 +173,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", type=Path, help="the project folder whose train stage has run")
     parser.add_argument("out", type=Path, help="where models, hypotheses and results go")
     parser.add_argument("--k", type=int, default=10, help="checkpoints per average (10)")
+    parser.add_argument(
+        "--valid-only",
+        action="store_true",
+        help="only score the checkpoints there are on val (while the run still trains)",
+    )
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = checkpoint.list_checkpoints(args.run / "data" / "checkpoints")
-    if len(paths) < args.k:
+    if len(paths) < args.k and not args.valid_only:
         sys.exit(f"error: {args.run}/data/checkpoints: {len(paths)} checkpoints, fewer than --k")
     scorer = Scorer(args.run, args.out)
     table = valid_bleu(scorer, paths)
+    if args.valid_only:
+        return
     made = models(paths, table, args.k, args.out)
     for name in made:
         for split in SPLITS:
-            r = scorer.score(args.out / f"{name}.pt", split, name)
+            made_of = [*made[name]["checkpoints"], made[name]["weights"]]
+            r = scorer.score(args.out / f"{name}.pt", split, name, made_of)
             print(f"{name} {split}: BLEU {r['bleu']:.2f}", file=sys.stderr)
     result = {s: paired(scorer, list(made), s) for s in SPLITS}
     chosen, wins = decide(result)
