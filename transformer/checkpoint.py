@@ -1,7 +1,8 @@
 """Checkpoints: one dict per file, written atomically, read with torch.load(weights_only=True).
 
 Keys (architecture.md): model, model_config, vocab_size, tokenizer_sha256, step, train_seconds;
-training checkpoints add optimizer, rng, data, train_config, train_shards, output_ids, final.
+training checkpoints add optimizer, rng, data, train_config, train_shards, output_ids, final
+(and ema, the fp32 moving average of the weights, with train.ema_decay: ema.py).
 """
 
 from __future__ import annotations

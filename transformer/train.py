@@ -194,8 +194,8 @@ def train(
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
-    average = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
-    on_average = average.swapped if average else contextlib.nullcontext  # validation's weights
+    ema_avg = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
+    on_ema = ema_avg.swapped if ema_avg else contextlib.nullcontext  # what validation scores
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     del ckpt  # (checkpoints from before the `final` flag: the last of their run)
     stream = batch_stream(train_set, sampler)
@@ -210,8 +210,8 @@ def train(
         n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
         lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
         learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
-        if average:
-            average.update()
+        if ema_avg:
+            ema_avg.update()
         losses.add(n_tokens)
         report.bar.update(1)
 
@@ -224,7 +224,7 @@ def train(
         if logging:
             logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
         if validating:
-            with on_average():
+            with on_ema():
                 v = validate(model, valid_set, tcfg, device, learner.autocast)
             logged.update({f"valid/{k}": x for k, x in v.items()})
             report.pause()
@@ -234,7 +234,7 @@ def train(
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
                 ckpt.update(run=run, origin=origin)
-                ema.add_to(ckpt, average)
+                ema.add_to(ckpt, ema_avg)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last)
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
@@ -244,7 +244,7 @@ def train(
     if not report.metrics and dist.broadcast_object(
         report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
     ):
-        with on_average():
+        with on_ema():
             v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
     report.close()
