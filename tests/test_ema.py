@@ -12,7 +12,7 @@ import yaml
 from helpers.static import MODEL, V, lengths, pairs
 from helpers.train import corpus, kill_and_resume, run, write_params  # noqa: F401
 
-from transformer import average, checkpoint, ema
+from transformer import average, checkpoint, ema, graphs
 from transformer.average import AverageError, average_checkpoints
 from transformer.config import ModelConfig, TrainConfig
 from transformer.data import BatchSampler, collate, load_split
@@ -52,6 +52,48 @@ def test_the_update_is_the_formula_for_a_few_real_updates():
     for k, w in le.model.state_dict().items():
         torch.testing.assert_close(got[k].double(), want[k], rtol=1e-6, atol=1e-7)
         assert not torch.equal(got[k], w), k  # behind the weights, not a copy of them
+
+
+class CpuReplay(graphs.Graphs):
+    """graphs.Graphs with its CUDA parts on the CPU: a "replay" reruns the update on the
+    captured buffers, writing the same parameter tensors in place as a CUDA graph does."""
+
+    def side_stream_and_pool(self):
+        return None, None
+
+    def load(self, inputs, batches):
+        for dst, src in zip(inputs, batches):
+            for d, s in zip(dst, src):
+                d.copy_(s)
+
+    def warm(self, update, inputs):
+        update(inputs, None)
+
+    def capture(self, update, inputs):
+        return lambda: update(inputs, None)
+
+
+def test_after_a_captured_update_the_average_reads_the_updated_weights():
+    """The EMA runs outside the capture, after the replay: on the captured path (graphs.py's
+    bookkeeping, static shapes, gradients kept) it follows the formula as on the eager one."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**MODEL)
+    le = Learner(cfg, TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True)
+    le.graphs, le.keep_grads, le.autocast_cache = CpuReplay(torch.device("cpu")), True, False
+    avg, decay = ema.EMA(le.model, 0.5), 0.5
+    want = {k: v.double().clone() for k, v in le.model.state_dict().items()}
+    s, t = lengths(24, seed=5, longest=12)
+    sampler = BatchSampler(s, t, 64, 1, static=True)
+    data = pairs(s, t)
+    b = collate([data[i] for i in next(iter(sampler))], sampler.shape)
+    for _ in range(4):  # two warm-ups, the capture's replay, a replay
+        le.step([b], n_targets(b), 1e-3)
+        avg.update()
+        for k, w in le.model.state_dict().items():
+            want[k] = decay * want[k] + (1 - decay) * w.double()
+    assert len(le.graphs.graphs) == 1  # the last two updates were replays
+    for k, v in avg.state_dict().items():
+        torch.testing.assert_close(v.double(), want[k], rtol=1e-6, atol=1e-7)
 
 
 def test_the_average_is_fp32_under_bf16_autocast():
