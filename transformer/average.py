@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from transformer import checkpoint, settings
+from transformer import checkpoint, ema, settings
 from transformer.checkpoint import CheckpointError
 from transformer.files import atomic_write, sha256_file
 from transformer.sections.average import AverageConfig
@@ -33,11 +33,12 @@ class AverageError(ValueError):
     """A problem with the input checkpoints, naming the file."""
 
 
-def load_checkpoint(path: Path, finite: bool = False) -> dict:
-    """checkpoint.load, memory-mapped; `finite`: its weights checked for NaN and inf too.
-    AverageError names the file."""
+def load_checkpoint(path: Path, finite: bool = False, weights: str = "model") -> dict:
+    """checkpoint.load, memory-mapped, its "model" the `weights` asked for (model, or its EMA:
+    ema.weights); `finite`: those checked for NaN and inf too. AverageError names the file."""
     try:
         ckpt = checkpoint.load(path, mmap=True)
+        ckpt["model"] = ema.weights(ckpt, weights, path)
         if finite:
             checkpoint.check_finite(ckpt["model"], path)
     except CheckpointError as e:
@@ -73,8 +74,9 @@ def check_compatible(paths: list[Path]) -> None:
             raise AverageError(f"{p}: differs from {ref.name}: {_describe(majority, sig)}")
 
 
-def average_checkpoints(paths: list[Path]) -> dict:
-    """The element-wise mean of the "model" weights at `paths`, as a weights-only checkpoint."""
+def average_checkpoints(paths: list[Path], weights: str = "model") -> dict:
+    """The element-wise mean of the `weights` ("model", or their "ema") of the checkpoints at
+    `paths`, as a weights-only checkpoint."""
     if not paths:
         raise AverageError("no checkpoints to average")
     paths = [Path(p) for p in paths]
@@ -82,7 +84,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
     acc: dict[str, torch.Tensor] = {}
     averaged, newest = [], {"step": -1}
     for p in paths:
-        ckpt = load_checkpoint(p, finite=True)
+        ckpt = load_checkpoint(p, finite=True, weights=weights)
         for k, v in ckpt["model"].items():
             if not v.is_floating_point():  # integer buffers can't be averaged: all must agree
                 if k in acc and not torch.equal(acc[k], v):
@@ -110,7 +112,8 @@ def average_checkpoints(paths: list[Path]) -> dict:
     model = {
         k: v.div_(len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in acc.items()
     }  # the mean, back in the checkpoints' dtype
-    return {**newest, "model": model, "averaged": averaged}
+    out = {**newest, "model": model, "averaged": averaged}
+    return {**out, "weights": "ema"} if weights == "ema" else out  # model.pt says it is an EMA
 
 
 def _step(p: Path) -> int:
@@ -183,6 +186,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, help="output path when the inputs are files")
     parser.add_argument(
+        "--weights",
+        choices=("model", "ema"),
+        default="model",
+        help="with --out: average the checkpoints' weights or their EMA (train.ema_decay); "
+        "from CKPT_DIR params `average.weights` decides",
+    )
+    parser.add_argument(
         "--params",
         type=Path,
         default=settings.PARAMS,
@@ -197,16 +207,17 @@ def main(argv: list[str] | None = None) -> None:
         if args.out is None and len(args.inputs) == 2 and args.inputs[0].is_dir():
             cfg = settings.load(AverageConfig, "average", args.params)
             paths = select_checkpoints(args.inputs[0], cfg)
-            out = args.inputs[1]
+            out, weights = args.inputs[1], cfg.weights
         elif args.out is not None and not any(p.is_dir() for p in args.inputs):
-            paths, out = args.inputs, args.out
+            paths, out, weights = args.inputs, args.out, args.weights
         else:
             parser.error("give CKPT_DIR OUT, or CKPT.pt [CKPT.pt ...] --out OUT")
-        ckpt = average_checkpoints(paths)
+        ckpt = average_checkpoints(paths, weights)
         save(ckpt, out)
     except (AverageError, ConfigError) as e:
         sys.exit(f"error: {e}")
-    print(f"{out}: average of {', '.join(a['path'] for a in ckpt['averaged'])}")
+    of = "EMA weights" if weights == "ema" else "average"
+    print(f"{out}: {of} of {', '.join(a['path'] for a in ckpt['averaged'])}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Keys (architecture.md): model, model_config, vocab_size, tokenizer_sha256, step, train_seconds;
 training checkpoints add optimizer, rng, data, train_config, train_shards, output_ids, final,
-rewind (rewind.py).
+rewind (rewind.py), selection (selection.py) and ema (the fp32 moving average of the weights,
+with train.ema_decay: ema.py).
 """
 
 from __future__ import annotations

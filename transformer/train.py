@@ -18,6 +18,7 @@ its last good checkpoint, or stops it: rewind.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer import allocator, checkpoint, dist, preempt, settings
+from transformer import allocator, checkpoint, dist, ema, preempt, settings
 from transformer.checkpoint import CheckpointError
 from transformer.clock import Clock
 from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
@@ -199,6 +200,8 @@ def train(
     step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
+    ema_avg = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
+    on_ema = ema_avg.swapped if ema_avg else contextlib.nullcontext  # what validation scores
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     select = Selection(tcfg, bleu=valid_text is not None)  # best checkpoints, early stopping
     select.load_state_dict(ckpt.get(STATE) if ckpt else None)
@@ -220,6 +223,8 @@ def train(
         lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
         lr *= rewinder.factor(step)  # lowered for a while after a rewind
         learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
+        if ema_avg:
+            ema_avg.update()
         rewinder.inject(step)  # train.inject_divergence_at, a test hook
         losses.add(n_tokens)
         report.bar.update(1)
@@ -232,6 +237,8 @@ def train(
             step, stream = back, batch_stream(train_set, sampler)  # past the diverged batches
             losses = LossSums(learner.sums, back)
             select.load_state_dict(rewinder.restored.get(STATE))  # its best list and patience
+            if ema_avg:  # its average too: the diverged updates reached it
+                ema_avg.load_state_dict(rewinder.restored[ema.KEY])
             clock.stop = False  # (if it diverged at the last step)
             report.rewound(back)
             continue
@@ -240,8 +247,9 @@ def train(
             logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
             logged.update(rewinder.metrics())
         if validating:
-            v = validate(model, valid_set, tcfg, device, learner.autocast)
-            v.update(bleu(model) if bleu else {})
+            with on_ema():  # the EMA's scores when it is on
+                v = validate(model, valid_set, tcfg, device, learner.autocast)
+                v.update(bleu(model) if bleu else {})
             logged.update({f"valid/{k}": x for k, x in v.items()})
             saving |= select.update(step, v)  # a new best: its checkpoint is kept
             clock.stop |= select.stopped
@@ -254,6 +262,7 @@ def train(
             if ckpt is not None:
                 ckpt.update(run=run, origin=origin, rewind=rewinder.state_dict())
                 ckpt[STATE] = select.state_dict()
+                ema.add_to(ckpt, ema_avg)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last, select.best_steps())
                 report.bar.write(f"step {step}: saved {path}")
             clock.saved()
@@ -269,7 +278,8 @@ def train(
             report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
         )
     ):
-        v = validate(model, valid_set, tcfg, device, learner.autocast)
+        with on_ema():
+            v = validate(model, valid_set, tcfg, device, learner.autocast)
         report.log(step, {f"valid/{k}": x for k, x in v.items()})
     # why it stopped, the best (a preempted run has not stopped: it resumes)
     outcome = {} if notice.stopped else select.summary(step, tcfg.max_steps, seconds)

@@ -124,6 +124,9 @@ def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
     b = checkpoint.load(checkpoint.step_path(tmp_path / "killed", 40))
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k  # bit for bit
+    assert a.keys() == b.keys()  # train.ema_decay: the EMA too (ema.py)
+    for k, v in a.get("ema", {}).items():
+        assert torch.equal(v, b["ema"][k]), f"ema.{k}"
     for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
     assert a["data"] == b["data"] and a["scaler"] == b["scaler"]

@@ -14,8 +14,10 @@ class AverageConfig:
     # best last_k by train.best_metric, of its train.keep_best)
     by: str = "steps"
     interval_minutes: float = 10.0
+    weights: str = "model"  # model | ema: average the checkpoints' EMAs (train.ema_decay > 0)
 
     def __post_init__(self) -> None:
         choice("average.by", self.by, ("steps", "time", "best"))
+        choice("average.weights", self.weights, ("model", "ema"))
         at_least("average", self, 1, "last_k")
         at_least("average", self, 0, "interval_minutes")

@@ -48,6 +48,7 @@ class TrainConfig:
     keep_best: int = 0  # the best k checkpoints by best_metric, kept beside the last keep_last
     patience: int = 0  # stop after this many validations without improvement; 0 = off
     min_delta: float = 0.0  # the least gain in best_metric that counts as an improvement
+    ema_decay: float = 0.0  # an fp32 moving average of the weights (ema.py); 0 = off
 
     def __post_init__(self) -> None:
         choice("train.precision", self.precision, ("fp32", "bf16", "fp16", "auto"))
@@ -100,5 +101,7 @@ class TrainConfig:
             raise ConfigError(
                 f"train.rewind_lr_factor must be in (0, 1], got {self.rewind_lr_factor}"
             )
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         if len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas must be two numbers, got {self.adam_betas}")
