@@ -206,3 +206,13 @@ def test_a_rewind_restores_the_best_checkpoints_of_the_step_it_goes_back_to(corp
     assert sorted(steps) == [3, 6, 9, 10]
     for s in steps:
         assert checkpoint.step_path(tmp_path / "ck", s).is_file(), s
+
+
+def test_a_rewind_restores_the_ema_of_the_step_it_goes_back_to(corpus, tmp_path):
+    over = {"max_steps": 10, "save_every_steps": 2, "keep_last": 0, "valid_every_steps": 0}
+    params = write_params(tmp_path / "params.yaml", inject_divergence_at=7, ema_decay=0.9, **over)
+    train_main(corpus, tmp_path / "ck", params)
+    last = checkpoint.load(checkpoint.step_path(tmp_path / "ck", 10))
+    assert last["rewind"]["events"] == [INJECTED]
+    for k, v in last["ema"].items():  # the diverged update's NaN weights reached the EMA
+        assert torch.isfinite(v).all(), k

@@ -223,9 +223,9 @@ def train(
         lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
         lr *= rewinder.factor(step)  # lowered for a while after a rewind
         learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
+        rewinder.inject(step)  # train.inject_divergence_at, a test hook (as the update did it)
         if ema_avg:
             ema_avg.update()
-        rewinder.inject(step)  # train.inject_divergence_at, a test hook
         losses.add(n_tokens)
         report.bar.update(1)
 
