@@ -302,6 +302,16 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     assert (
         path is None and "303 s of training are past the lowered train.time_budget_minutes 2" in why
     )
+    # a checkpoint older than a setting trained as its default does: continued at the default
+    older = meta(max_steps=0, time_budget_minutes=5.0)
+    del older["train_config"]["ema_decay"], older["train_config"]["spike_factor"]
+    checkpoint.save(
+        checkpoint.step_path(tmp_path, 40),
+        {**older, "model": {}, "step": 40, "optimizer": {}, "train_seconds": 303.0},
+    )
+    assert find_resume(tmp_path, budget)[0] == checkpoint.step_path(tmp_path, 40)
+    path, why = find_resume(tmp_path, meta(max_steps=0, time_budget_minutes=5.0, ema_decay=0.9))
+    assert path is None and "train_config differs ['ema_decay']" in why
 
 
 @pytest.mark.slow  # train processes run and resumed

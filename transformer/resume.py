@@ -9,6 +9,7 @@ are removed and the run starts afresh. Only rank 0 writes checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 from transformer import checkpoint, dist
 from transformer.checkpoint import CheckpointError
 from transformer.files import remove_partial_writes
+from transformer.sections.train import TrainConfig
 
 # train_config keys that do not change the weights up to a checkpoint: a checkpoint differing
 # only in these is resumed; any other difference (rate, batching, precision, ...) starts afresh,
@@ -72,6 +74,8 @@ def find_resume(ckpt_dir: Path, meta: dict[str, Any]) -> tuple[Path | None, str]
     for key, want in meta.items():
         have = ckpt.get(key)
         if key == "train_config" and isinstance(have, dict):
+            # a setting newer than the checkpoint: it trained as that setting's default does
+            have = {**dataclasses.asdict(TrainConfig()), **have}
             # with a decay, max_steps / the budget shape the rate from the first step on
             free = (
                 RESUME_FREE_KEYS
