@@ -119,12 +119,18 @@ def test_vocab_smaller_than_alphabet_is_an_error(tmp_path, kind):
         T.train_tokenizer(files, TokenizerConfig(type=kind, vocab_size=T.min_vocab_size(kind) - 1))
 
 
-def test_demo_corpus_roundtrips_exactly(tmp_path):
+def _demo_files(tmp_path: Path) -> list[Path]:
+    """The demo's synthetic corpus (2,000 pairs) as train.en, train.de."""
     pairs = generate(SyntheticConfig(train=2000, valid=0, test=0))["train"]
     files = []
     for side, lang in enumerate(("en", "de")):
         files.append(tmp_path / f"train.{lang}")
         files[-1].write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
+    return files
+
+
+def test_demo_corpus_roundtrips_exactly(tmp_path):
+    files = _demo_files(tmp_path)
     for kind in T.TYPES:
         tok = T.train_tokenizer(files, TokenizerConfig(type=kind, vocab_size=1000))
         lines = {lang: read_lines(f) for lang, f in zip(("en", "de"), files)}
@@ -135,12 +141,7 @@ def test_demo_corpus_roundtrips_exactly(tmp_path):
 def test_unigram_keeps_frequent_words_that_start_no_other_word(tmp_path):
     # A templated corpus: "Ich" always followed by " weiß", so no suffix array over the text or
     # the word list finds it recurring before different characters (sentencepiece#967).
-    pairs = generate(SyntheticConfig(train=2000, valid=0, test=0))["train"]
-    files = []
-    for side, lang in enumerate(("en", "de")):
-        files.append(tmp_path / f"train.{lang}")
-        files[-1].write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-    tok = T.train_tokenizer(files, TokenizerConfig(type="unigram", vocab_size=1000))
+    tok = T.train_tokenizer(_demo_files(tmp_path), TokenizerConfig(type="unigram", vocab_size=1000))
     assert tok.encode("Ich weiß, dass Clara").tokens == ["ĠIch", "ĠweiÃŁ", ",", "Ġdass", "ĠClara"]
     assert tok.get_vocab_size() == 1000  # before the marker, EM left it ~40% short
     assert not any(T.MARK in p for p in tok.get_vocab())
