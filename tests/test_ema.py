@@ -9,10 +9,11 @@ import json
 import pytest
 import torch
 import yaml
+from helpers.graphs import cpu_learner
 from helpers.static import MODEL, V, lengths, pairs
 from helpers.train import corpus, kill_and_resume, run, write_params  # noqa: F401
 
-from transformer import average, checkpoint, ema, graphs
+from transformer import average, checkpoint, ema
 from transformer.average import AverageError, average_checkpoints
 from transformer.config import ModelConfig, TrainConfig
 from transformer.data import BatchSampler, collate, load_split
@@ -54,32 +55,10 @@ def test_the_update_is_the_formula_for_a_few_real_updates():
         assert not torch.equal(got[k], w), k  # behind the weights, not a copy of them
 
 
-class CpuReplay(graphs.Graphs):
-    """graphs.Graphs with its CUDA parts on the CPU: a "replay" reruns the update on the
-    captured buffers, writing the same parameter tensors in place as a CUDA graph does."""
-
-    def side_stream_and_pool(self):
-        return None, None
-
-    def load(self, inputs, batches):
-        for dst, src in zip(inputs, batches):
-            for d, s in zip(dst, src):
-                d.copy_(s)
-
-    def warm(self, update, inputs):
-        update(inputs, None)
-
-    def capture(self, update, inputs):
-        return lambda: update(inputs, None)
-
-
 def test_after_a_captured_update_the_average_reads_the_updated_weights():
     """The EMA runs outside the capture, after the replay: on the captured path (graphs.py's
     bookkeeping, static shapes, gradients kept) it follows the formula as on the eager one."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(**MODEL)
-    le = Learner(cfg, TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True)
-    le.graphs, le.keep_grads, le.autocast_cache = CpuReplay(torch.device("cpu")), True, False
+    le = cpu_learner(captured=True)
     avg, decay = ema.EMA(le.model, 0.5), 0.5
     want = {k: v.double().clone() for k, v in le.model.state_dict().items()}
     s, t = lengths(24, seed=5, longest=12)
