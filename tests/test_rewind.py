@@ -5,13 +5,11 @@ naming the steps past train.max_rewinds; the rewinds survive a SIGKILL and resum
 from __future__ import annotations
 
 import json
-import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.train import run, write_params
+from helpers.train import kill_once_written, run, write_params
 
 from transformer import checkpoint, train
 from transformer.rewind import MIN_LOSS_SCALE, diverged
@@ -160,12 +158,7 @@ def test_the_rewinds_survive_a_sigkill_and_resume(corpus, tmp_path, capsys):
     train_main(corpus, tmp_path / "full", params)  # uninterrupted
     assert "non-finite loss (nan) at step 6-10: rewound to" in capsys.readouterr().out
     proc = run(corpus, tmp_path / "killed", params, wait=False)
-    after = checkpoint.step_path(tmp_path / "killed", 10)  # written after the rewind
-    while not after.exists() and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, "finished before it could be killed"
+    kill_once_written(proc, checkpoint.step_path(tmp_path / "killed", 10))  # after the rewind
     newest = checkpoint.list_checkpoints(tmp_path / "killed")[-1]
     assert 10 <= checkpoint.load(newest)["step"] < 20
     event = {"kind": "non-finite", "first": 6, "last": 10, "back": 5}

@@ -94,6 +94,15 @@ def run(
     return proc
 
 
+def kill_once_written(proc: subprocess.Popen, path: Path) -> None:
+    """SIGKILL the train process `proc` (no cleanup, no final checkpoint) once `path` exists."""
+    while not path.exists() and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "finished before it could be killed"
+
+
 def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
     """A run of 40 steps, and one SIGKILLed after its first checkpoint and resumed: their
     step-40 checkpoints are equal bit for bit. The uninterrupted run's output (test_cuda.py
@@ -110,11 +119,7 @@ def kill_and_resume(corpus: Path, tmp_path: Path, **train_over) -> str:
     out = run(corpus, tmp_path / "full", params)
     proc = run(corpus, tmp_path / "killed", params, "--resume", wait=False)
     first = checkpoint.step_path(tmp_path / "killed", 5)
-    while not first.exists() and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)  # no cleanup, no final checkpoint
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, "finished before it could be killed"
+    kill_once_written(proc, first)
     done = checkpoint.list_checkpoints(tmp_path / "killed")
     newest = checkpoint.load(done[-1])["step"]
     assert done[0] == first and newest < 40  # killed mid-way (normally right after step 5)
