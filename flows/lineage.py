@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from flows.dag import Stage, locked_outs
+from flows.dag import Stage, commit_sha, files_at, locked_outs
 from transformer.metrics import CONTRACT, KEYS, get
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
@@ -32,7 +32,7 @@ OPTIONAL = ("test_sha256", "tokenizer_sha256")
 
 class Snapshot:
     """A project's files in its folder (rev None) or at a commit (DVC-tracked files through DVC,
-    from the local cache or the remote)."""
+    from the local cache or the remote, through the commit's one DVC file system: dag.files_at)."""
 
     def __init__(self, project: Path, rev: str | None = None):
         self.project, self.rev = Path(project), rev
@@ -51,11 +51,22 @@ class Snapshot:
         )
         if r.returncode == 0:
             return r.stdout
-        import dvc.api
+        data = self.tracked(path)
+        return None if data is None else data.decode()
+
+    def tracked(self, path: str) -> bytes | None:
+        """A file git or DVC tracks at the snapshot's commit (or in the folder), byte for byte;
+        None if absent."""
         from dvc.exceptions import DvcException
 
-        try:
-            return dvc.api.read(path, repo=str(self.project), rev=self.rev)
+        if self.rev is None:
+            p = self.project / path
+            return p.read_bytes() if p.is_file() else None
+        sha = commit_sha(self.project, self.rev)
+        if sha is None:
+            return None
+        try:  # dvc.yaml's paths: relative, "/"-separated, as the file system takes them
+            return files_at(str(self.project.resolve()), sha).read_bytes(path)
         except (DvcException, OSError):
             return None
 

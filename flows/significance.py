@@ -165,17 +165,6 @@ def figure(t: dict[str, Any]) -> str:
     )
 
 
-def read_bytes(project: Path, rev: str, path: str) -> bytes | None:
-    """A file (git- or DVC-tracked) as commit `rev` holds it, byte for byte; None if absent."""
-    import dvc.api
-    from dvc.exceptions import DvcException
-
-    try:
-        return dvc.api.read(path, repo=str(project), rev=rev, mode="rb")
-    except (DvcException, OSError):
-        return None
-
-
 @dataclass(frozen=True)
 class Scored:
     """One set an experiment was scored on: its name, the sha256 of its files, its hypotheses
@@ -193,7 +182,8 @@ def scored_sets(project: Path, commit: str, record: dict[str, Any]) -> list[Scor
     stage = dag.get(EVALUATE)
     if stage is None or not stage.metrics:
         return []
-    evaluated = json.loads(Snapshot(project, commit).text(stage.metrics[0]) or "{}")
+    snap = Snapshot(project, commit)
+    evaluated = json.loads(snap.text(stage.metrics[0]) or "{}")
     (eval_dir,) = [o for o in stage.outs if o not in stage.metrics] or [None]
     _, package = registry.artifact(project)
     found = [(record.get("split"), record.get("test_sha256"), evaluated.get("hyps"))]
@@ -202,9 +192,7 @@ def scored_sets(project: Path, commit: str, record: dict[str, Any]) -> list[Scor
     out = []
     for name, sha, hyps in found:
         places = [f"{package}/{EVAL}/{hyps}", *([f"{eval_dir}/{hyps}"] if eval_dir else [])]
-        data = next(
-            (d for p in places if hyps and (d := read_bytes(project, commit, p)) is not None), None
-        )
+        data = next((d for p in places if hyps and (d := snap.tracked(p)) is not None), None)
         text = None if data is None else split_lines(data, f"{commit[:9]}:{hyps}")
         out.append(Scored(str(name), sha, text))
     return out
@@ -215,14 +203,15 @@ def references(project: Path, commit: str, split: str) -> tuple[list[str], str] 
     at `commit`; None where they are not at hand."""
     import yaml
 
-    params = yaml.safe_load(Snapshot(project, commit).text("params.yaml") or "{}") or {}
+    snap = Snapshot(project, commit)
+    params = yaml.safe_load(snap.text("params.yaml") or "{}") or {}
     tgt = (params.get("download") or {}).get("tgt_lang", DownloadConfig.tgt_lang)
     dag = read_dag(project, rev=commit)
     stage = dag.get(DOWNLOAD)
     if stage is None:
         return None
     for raw in (o for o in stage.outs if o not in stage.metrics):
-        if (data := read_bytes(project, commit, f"{raw}/{split}.{tgt}")) is not None:
+        if (data := snap.tracked(f"{raw}/{split}.{tgt}")) is not None:
             return split_lines(data, f"{commit[:9]}:{raw}/{split}.{tgt}"), tgt
     return None
 

@@ -27,7 +27,7 @@ class ContinuationConfig:
     lr_factor: float = 1.0  # times the champion's continued rate (never above its last one)
     # stop after this many validations without an improvement of train.min_delta in
     # train.best_metric (train.patience for the continuation; max_steps / the budget: caps)
-    patience: int = 3
+    patience: int = 2
 
     def __post_init__(self) -> None:
         at_least("retrain.continuation", self, 0, "max_steps", "time_budget_minutes", "patience")
