@@ -69,6 +69,11 @@ def test_continue_promoted_then_each_fallback(
     assert out["reason"].startswith("data_hash changed; trained continued from v1.0.0"), out
     assert out["parent"] == "v1.0.0"
     assert out["promoted"] and out["version"] == "v2.0.0", out["reason"]
+    # better beyond noise on both sets (test_gate refuses a candidate equal up to noise)
+    assert "better beyond noise [test: BLEU" in out["reason"], out["reason"]
+    (test, valid) = out["gate"]["tests"]
+    assert test["p"] < 0.05 and test["bleu_delta"] > 0 and valid["set"] == "valid", test
+    assert test["bleu"] == out["candidate"]["bleu"]
     # the champion's tokenizer, not a new one, and training from its weights
     kept = (ws / "data/tokenizer/tokenizer.json").read_bytes()
     assert kept == (v1 / "tokenizer/tokenizer.json").read_bytes()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers.train import ROOT, write_params
 
-from transformer import checkpoint, preempt
+from transformer import checkpoint, launch, preempt
 
 STEPS, EVERY = 20, 5  # a run's updates; its periodic checkpoints
 
@@ -108,6 +108,23 @@ def test_the_notice_raises_the_flag_and_the_old_handlers_come_back(capfd):
     assert signal.getsignal(signal.SIGUSR1) is before
     err = capfd.readouterr().err
     assert "SIGUSR1: preemption notice" in err and "SIGTERM: already stopping" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "alone"),
+    [
+        (["--standalone", "--nproc_per_node=1"], True),
+        (["--standalone", "--nproc-per-node", "1", "--max-restarts=0"], True),
+        (["--nnodes=1", "--nproc_per_node=1"], True),
+        (["--standalone", "--nproc_per_node=2"], False),
+        (["--standalone", "--nproc_per_node=1", "--max-restarts=1"], False),
+        (["--nnodes=2", "--nproc_per_node=1"], False),
+    ],
+)
+def test_one_process_never_restarted_runs_in_the_launcher_without_torchruns_agent(argv, alone):
+    """Nothing for an agent to do: the stage's module runs in the launcher's process
+    (test_flows_preempt: such a train stage, SIGTERM'd through DVC, exits 75 and resumes)."""
+    assert launch.alone([*argv, "-m", "transformer.train", "shards", "--resume"]) is alone
 
 
 @pytest.mark.slow  # train processes: a preempted run and its resume (and, once, one not stopped)
