@@ -122,7 +122,11 @@ def run_stages(
         futures[name] = stage_task(name, download_retries, retry_delay_s).submit(
             ws, name, name in force, wait_for=[futures[u] for u in stage.upstream]
         )
-    wait(list(futures.values()))
+    try:
+        wait(list(futures.values()))
+    except BaseException:  # cancelled (Prefect's TerminationSignal), Ctrl-C: the stages stop as
+        stop_all()  # preempted ones do (the train stage saves its update in progress), in time
+        raise
     return {name: f.result() for name, f in futures.items()}
 
 

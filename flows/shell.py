@@ -51,6 +51,12 @@ PROGRESS_EVERY_S = 60.0
 STOP_GRACE_S = 25.0
 _running: set[subprocess.Popen] = set()  # the commands in flight, for the orphan watch
 _orphaned = threading.Event()  # set by the orphan watch: the flow run is ending, no state from here
+_stopping = threading.Event()  # set by stop_all: the flow run is ending, no command starts
+
+
+class Stopped(RuntimeError):
+    """A command stopped, or never started, because its flow run is ending (cancelled, Ctrl-C,
+    its serving process gone): no failure of the command's own, nothing to retry."""
 
 
 class CommandError(RuntimeError):
@@ -181,6 +187,8 @@ def run(
     cmd: list[str], cwd: Path, what: str = "", progress_every_s: float = PROGRESS_EVERY_S
 ) -> list[str]:
     """Run `cmd` in `cwd`, logging its output as it comes; its lines, or CommandError."""
+    if _stopping.is_set():
+        raise Stopped(f"{what or command_line(cmd)}: not started, the flow run is ending")
     log = logger()
     log.info("$ %s", command_line(cmd))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
@@ -210,22 +218,40 @@ def run(
         _running.discard(proc)
     if proc.returncode and _orphaned.is_set():
         threading.Event().wait()  # stopped by the orphan watch, which reports and exits
+    if proc.returncode and _stopping.is_set():
+        raise Stopped(f"{what or command_line(cmd)}: stopped (exit {proc.returncode})")
     if proc.returncode:
         raise CommandError(what or " ".join(cmd[:4]), cmd, proc.returncode, lines)
     return lines
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL, the command's process group, unless it has already exited."""
+    """SIGTERM, then SIGKILL, the command's process group, unless it has already ended. The
+    whole group is waited for, not only `dvc` at its head, which dies of SIGTERM at once: the
+    train stage under it takes that long to save its update in progress."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
+        if not _group_alive(proc):
             break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace_s)
+        deadline = time.monotonic() + grace_s
+        while _group_alive(proc) and time.monotonic() < deadline:
+            time.sleep(0.05)
     if proc.stdout:
         proc.stdout.close()
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether any process of the command's group is left (its head reaped first: a zombie
+    still counts as a member)."""
+    proc.poll()
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def watch_parent(on_orphaned, every_s: float = 2.0) -> None:
@@ -244,7 +270,8 @@ def watch_parent(on_orphaned, every_s: float = 2.0) -> None:
 
 
 def stop_all() -> None:
-    """Stop every command in flight (their process groups)."""
+    """Stop every command in flight (their process groups), and start none after."""
+    _stopping.set()
     for proc in list(_running):
         stop_group(proc)
 

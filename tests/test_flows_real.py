@@ -28,6 +28,7 @@ from prefect_fixtures import (
 )
 
 from flows.workspace import WORKSPACE
+from transformer import checkpoint
 
 TINY = [
     "download.synthetic.train=300",
@@ -152,3 +153,30 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     champion = json.loads((fresh / "champion/lineage.json").read_text())
     assert champion["bleu"] == float(record["bleu"])
     assert champion["lineage"]["model_sha256"] == record["model_sha256"]
+
+    # a cancelled run stops its train stage as the preemption notice does: the update in
+    # progress saved (no periodic save after the resume point: it is the only new checkpoint),
+    # the run Cancelled
+    longer = [o for o in TINY if not o.startswith("train.max_")] + ["train.max_steps=1000000"]
+    longer += ["train.save_every_steps=1000000", "train.valid_every_steps=1000000"]
+    longer += ["train.log_every_steps=5"]
+    curve = ws / "data/live/plots/metrics/train/loss.tsv"  # dvclive's: step, loss
+
+    def updated_past_60() -> bool:  # an update after the resume point done and logged
+        rows = curve.read_text().splitlines()[1:] if curve.exists() else []
+        return any(int(row.split("\t")[0]) > 60 for row in rows)
+
+    with served(project, prefect_server):
+        r = deployment_run(
+            prefect_server, "pipeline/demo", "-p", f"overrides={json.dumps(longer)}", watch=False
+        )
+        cancelled = run_id(r.stdout)
+        wait_until("an update of the longer run past its resume point", updated_past_60)
+        sh(str(BIN / "prefect"), "flow-run", "cancel", cancelled, cwd=project, env=prefect_server)
+        wait_until("the run to end", lambda: state(cancelled).type.value in TERMINAL)
+    assert state(cancelled).name == "Cancelled", state(cancelled)
+    saved = checkpoint.list_checkpoints(ws / "data/checkpoints")
+    cut = checkpoint.load(saved[-1])
+    assert cut["step"] > 60 and not cut["final"], [p.name for p in saved]
+    assert not list((ws / "data/checkpoints").glob(".*.tmp"))  # nothing half-written
+    assert "preempted at step" in "\n".join(run_logs(cancelled))  # the stage's own word
