@@ -14,7 +14,7 @@ once, the rest drawn at random, in an order and at cycles drawn from --seed:
 
 - kill: kill -9 of the serve process while a stage runs;
 - stagekill: kill -9 of the stage's own process (the newest process in the run workspace that
-  is not DVC: the stage command, or a torchrun worker);
+  is not DVC: the stage command, or a torchrun worker, whose group torchrun restarts);
 - http500: the corpus server answers 500 to the next few requests;
 - drop: it drops the connection half-way through the next few bodies;
 - corrupt: a shard in the run workspace is overwritten with garbage once the shard stage has

@@ -1,10 +1,11 @@
 """The soak's faults of the train stage (benchmarks/soak.py), and what each fault cost.
 
-- sigterm: SIGTERM to the stage's torchrun agent (`python -m transformer.launch`) once the
-  cycle's first checkpoint is written: every rank saves its update in progress, the stage exits
-  75 and the flow resumes it in its task run (Retrying, "preempted");
-- rankkill: SIGKILL of one of its 2 gloo ranks then: torchrun restarts the group
-  (train.max_restarts), which resumes from the newest checkpoint;
+- sigterm: SIGTERM to the stage's torchrun agent (`python -m transformer.launch`) once it has
+  logged a step drawn from the seed, after its first checkpoint: every rank saves its update in
+  progress, the stage exits 75 and the flow resumes it in its task run (Retrying, "preempted");
+- rankkill: SIGKILL of one of its 2 gloo ranks (drawn; "rank 0" is the one started first) at
+  such a step: torchrun restarts the group (train.max_restarts), which resumes from the newest
+  checkpoint;
 - divergence: the cycle's retrain run gets `train.inject_divergence_at=STEP` (the update of that
   step turns NaN): the run rewinds to its last good checkpoint and goes on.
 
