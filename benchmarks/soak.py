@@ -6,7 +6,7 @@ Everything is real and local: a Prefect server on 127.0.0.1; `python -m flows.se
 whenever it dies (as systemd's Restart=always would); a corpus server on 127.0.0.1 that the
 `wmt` source downloads from; and a git clone of this checkout (its committed code) with a
 `soak` preset: the demo's synthetic corpus served as files, the demo's model, 40 steps
-(--steps).
+(--steps) on 2 gloo ranks that torchrun restarts once, a checkpoint every quarter of them.
 Before each cycle the train split changes (a new snapshot; valid and test stay), then
 `retrain/retrain` runs with the deployment's own recipe, as its cron schedule would. A share of
 the cycles (--fault-rate), and at least one cycle per kind of fault, gets one fault: every kind
@@ -14,17 +14,21 @@ once, the rest drawn at random, in an order and at cycles drawn from --seed:
 
 - kill: kill -9 of the serve process while a stage runs;
 - stagekill: kill -9 of the stage's own process (the newest process in the run workspace that
-  is not DVC: the stage command, or a torchrun worker);
+  is not DVC: the stage command, or a torchrun worker, whose group torchrun restarts);
 - http500: the corpus server answers 500 to the next few requests;
 - drop: it drops the connection half-way through the next few bodies;
 - corrupt: a shard in the run workspace is overwritten with garbage once the shard stage has
   written it (the train stage then refuses it: its sha256 no longer matches);
-- full: the project's file system (a tmpfs, so root only) is filled for 20 s during a stage.
+- full: the project's file system (a tmpfs, so root only) is filled for 20 s during a stage;
+- sigterm, rankkill, divergence: the train stage (2 gloo ranks) preempted, a rank of it killed,
+  a divergence injected (benchmarks/soak_train.py).
 
-It prints a table of the cycles, one of the faults by kind, and checks what an unattended run must leave: no run left
-Running, Pending or rescheduled; every cycle Completed (after its automatic retries) or Failed
-with a named cause; the champion's BLEU never lower than the previous champion's; no lock held,
-no DVC temporary workspace, half-written folder or stage process left; the checkout unchanged.
+It prints a table of the cycles, one of the faults by kind with the updates each made the train
+stage redo (soak_train.py says how they are counted), and checks what an unattended run must
+leave: no run left Running, Pending or rescheduled; every cycle Completed (after its automatic
+retries) or Failed with a named cause; the champion's BLEU never lower than the previous
+champion's; no lock held, no DVC temporary workspace, half-written folder or stage process
+left; the checkout unchanged; and each train fault's own outcome (soak_train.checks).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from benchmarks import soak_train
 from benchmarks.soak_faults import (
     FAULTS,
     Corpus,
@@ -68,8 +73,9 @@ download:
     valid: [{{path: "{url}/valid.{{lang}}", name: valid}}]
     test: [{{path: "{url}/test.{{lang}}", name: test}}]
 tokenizer: {{vocab_size: 1000}}
-train: {{max_steps: {steps}, warmup_steps: 20, lr_scale: 0.7, save_every_steps: 10,
-        valid_every_steps: 20, log_every_steps: 10}}
+# 2 gloo ranks (rankkill kills one), restarted once; every step logged: what a fault cost
+train: {{max_steps: {steps}, warmup_steps: 20, lr_scale: 0.7, save_every_steps: {save_every},
+        valid_every_steps: 20, log_every_steps: 1, nproc: 2, max_restarts: 1}}
 average: {{last_k: 2}}
 decode: {{beam_size: 2, batch_tokens: 2048}}
 """
@@ -134,6 +140,10 @@ def start_server(home: Path) -> tuple[subprocess.Popen, dict[str, str]]:
     raise RuntimeError(f"the Prefect server did not start: {home / 'server.log'}")
 
 
+def save_every(steps: int) -> int:
+    return max(1, steps // 4)
+
+
 def setup(workdir: Path, url: str, size_mb: int, steps: int) -> tuple[Path, Path, bool]:
     """(the project, its file system's mount point, whether that is a tmpfs of its own)."""
     fs = workdir / "fs"
@@ -148,7 +158,8 @@ def setup(workdir: Path, url: str, size_mb: int, steps: int) -> tuple[Path, Path
     )
     project = fs / "project"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(project)], check=True)
-    (project / "presets/soak.yaml").write_text(PRESET.format(url=url, steps=steps))
+    preset = PRESET.format(url=url, steps=steps, save_every=save_every(steps))
+    (project / "presets/soak.yaml").write_text(preset)
     for cmd in (
         [sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(workdir / "remote")],
         ["git", "add", "presets/soak.yaml", ".dvc/config"],
@@ -237,10 +248,15 @@ def one_cycle(cycle, args, rng, fault, sup, ws, fs, project) -> dict:
 
     Corpus.files = snapshot(cycle, args.pairs)
     log: list[str] = []
+    struck: dict = {}  # the moment a fault hit the train stage, and the step it had reached
+    params, at = {}, soak_train.draw(rng, args.steps, save_every(args.steps))
+    if fault == "divergence":  # this run's recipe injects it
+        params = {"overrides": [f"train.inject_divergence_at={at}"]}
+        log.append(f"train.inject_divergence_at={at}: the update of step {at} turns NaN")
     t0, since = time.monotonic(), time.time()
-    fr = run_deployment("retrain/retrain", timeout=0)
+    fr = run_deployment("retrain/retrain", parameters=params, timeout=0)
     injector = threading.Thread(
-        target=inject, args=(fault, sup, ws, fs, rng, log, since), daemon=True
+        target=inject, args=(fault, sup, ws, fs, rng, log, since, at, struck), daemon=True
     )
     if fault:
         injector.start()
@@ -259,6 +275,7 @@ def one_cycle(cycle, args, rng, fault, sup, ws, fs, project) -> dict:
         "champion": champion and champion.get("version"),
         "champion_bleu": champion and champion.get("bleu"),
         "run": str(fr.id),
+        "train": soak_train.outcome(str(fr.id), ws, since, struck),
     }
 
 
@@ -312,6 +329,7 @@ def checks(rows, champions, project, ws, params_before, sup, mounted) -> dict:
         or not any(json.loads(rwlock.read_text() or "{}").get(mode) for mode in ("read", "write")),
         "no temporary folder left": not leftovers,
         "no stage process left": not stage_running(ws),
+        **soak_train.checks(rows),
         "the checkout unchanged": (project / "params.yaml").read_bytes() == params_before
         and subprocess.run(
             ["git", "status", "--porcelain"],
@@ -348,15 +366,18 @@ def print_table(report: dict) -> None:
         f"\n{len(done)} of {len(report['cycles'])} cycles Completed; serve started "
         f"{report['serve_starts']} times; corpus requests {report['corpus_requests']}"
     )
-    print("\n| fault | cycles | Completed | Failed | other | attempts |")
-    print("|---|---|---|---|---|---|")
+    print("\n| fault | cycles | Completed | Failed | other | attempts | updates redone |")
+    print("|---|---|---|---|---|---|---|")
     for kind in (None, *report["fault_kinds"]):
         got = [r for r in report["cycles"] if r["fault"] == kind]
         states = [r["state"] for r in got]
         other = len(states) - states.count("COMPLETED") - states.count("FAILED")
+        # per cycle, where known: a fault that hit the train stage and its resume, or a rewind
+        lost = ", ".join(str(r["train"]["redone"]) for r in got if r["train"]["redone"] is not None)
         print(
             f"| {kind or 'none'} | {len(got)} | {states.count('COMPLETED')} | "
-            f"{states.count('FAILED')} | {other} | {sorted({r['attempts'] for r in got})} |"
+            f"{states.count('FAILED')} | {other} | {sorted({r['attempts'] for r in got})} | "
+            f"{lost or '-'} |"
         )
     for name, ok in report["checks"].items():
         print(f"  [{'ok' if ok else 'FAILED'}] {name}")

@@ -16,7 +16,9 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
-FAULTS = ("kill", "stagekill", "http500", "drop", "corrupt", "full")
+from benchmarks.soak_train import TRAIN_FAULTS, hit, strike
+
+FAULTS = ("kill", "stagekill", "http500", "drop", "corrupt", "full", *TRAIN_FAULTS)
 
 
 class Corpus(BaseHTTPRequestHandler):
@@ -181,8 +183,17 @@ def inject(
     rng: random.Random,
     log: list[str],
     since: float,
+    at: int,
+    struck: dict,
 ) -> None:
-    """Carry out `fault` during the cycle that started at time.time() `since` (a thread)."""
+    """Carry out `fault` during the cycle that started at time.time() `since` (a thread), a
+    train fault at step `at`; into `struck`, when it hit the train stage, the moment and the
+    step it had reached (hit())."""
+    if fault == "divergence":  # the run's own override does it (soak.one_cycle)
+        return
+    if fault in ("sigterm", "rankkill"):
+        struck.update(strike(fault, at, ws, rng, log))
+        return
     if fault in ("http500", "drop"):
         Corpus.faults[fault] = 3
         log.append(f"{fault}: the next 3 requests")
@@ -200,11 +211,13 @@ def inject(
         time.sleep(0.2)
     time.sleep(rng.uniform(1.0, 15.0))
     if fault == "kill":
+        struck.update(hit(ws))
         sup.kill()
         log.append("kill -9 of the serve process")
     elif fault == "stagekill":  # at a moment a stage's own process runs (not between stages)
         while not (pids := stage_pids(ws)) and time.monotonic() < deadline:
             time.sleep(0.2)
+        struck.update(hit(ws))
         with contextlib.suppress(IndexError, ProcessLookupError):
             cmd = Path(f"/proc/{pids[-1][1]}/cmdline").read_bytes().replace(b"\0", b" ")
             os.kill(pids[-1][1], 9)
@@ -218,6 +231,7 @@ def inject(
             while chunk := min(free, 1 << 24):
                 f.write(b"\0" * chunk)
                 free -= chunk
+        struck.update(hit(ws))
         log.append(f"disk full for 20 s ({shutil.disk_usage(fs).free} bytes left) during: ")
         running = set()
         for _ in range(20):  # which stages ran while it was full: the fault's evidence
