@@ -17,9 +17,6 @@ from transformer.sections.model import ModelConfig
 CFG = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def make_ckpt(
     path: Path,
     seed: int,

@@ -19,8 +19,6 @@ from transformer.sections.decode import DecodeConfig
 from transformer.sections.model import ModelConfig
 from transformer.settings import ConfigError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def naive_greedy(model, src: torch.Tensor, max_len: int) -> list[list[int]]:
     """Greedy decoding one sentence at a time, recomputing the whole prefix (no cache). `model`

@@ -24,8 +24,6 @@ from transformer.settings import ConfigError
 from transformer.validate import validate
 from transformer.vocab import tokenizer_sha256
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def learner(precision: str = "fp32") -> Learner:
     torch.manual_seed(0)

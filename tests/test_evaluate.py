@@ -18,8 +18,6 @@ from transformer.files import sha256_file
 from transformer.metrics import KEYS
 from transformer.vocab import tokenizer_sha256
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def sacrebleu_cli(ref: Path, hyp: Path, *extra: str) -> dict:
     """The `sacrebleu` console script beside this Python, JSON output (argument list, no shell)."""

@@ -22,7 +22,6 @@ from transformer.sections.retrain import ContinuationConfig
 from transformer.sections.train import TrainConfig
 from transformer.selection import Selection
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 CFG = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
 
 

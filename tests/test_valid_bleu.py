@@ -14,8 +14,6 @@ from transformer import checkpoint, evaluate
 from transformer.sections.train import TrainConfig
 from transformer.valid_bleu import ValidBleu, load_valid_text
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def references_near(raw, hyps: Path, out: Path) -> Path:
     """raw/valid.* with every other reference replaced by the model's own hypothesis: a chrF
