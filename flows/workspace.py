@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -78,7 +77,9 @@ def prepare(project: Path, rev: str) -> tuple[Path, str]:
 
 def share_cache(project: Path, ws: Path) -> None:
     """The workspace's DVC config: the project's local config (remote credentials), and the
-    project's cache directory, wherever the project configures it."""
+    project's cache directory, wherever the project configures it (what `dvc cache dir --local`
+    writes, without a process per run)."""
+    from dvc.config import Config
     from dvc.repo import Repo
 
     with Repo(str(project)) as repo:
@@ -86,12 +87,8 @@ def share_cache(project: Path, ws: Path) -> None:
     local = project / ".dvc" / "config.local"
     text = local.read_text() if local.exists() else ""
     (ws / ".dvc" / "config.local").write_text(text)
-    subprocess.run(
-        [sys.executable, "-m", "dvc", "cache", "dir", "--local", cache_dir],
-        cwd=ws,
-        capture_output=True,
-        check=True,
-    )
+    with Config(dvc_dir=str(ws / ".dvc")).edit("local") as conf:
+        conf["cache"]["dir"] = cache_dir
 
 
 def reap(ws: Path) -> list[int]:

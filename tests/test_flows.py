@@ -41,7 +41,7 @@ from flows.lineage import Snapshot, lineage
 from flows.pipeline import MAX_ATTEMPTS, start_attempt
 from flows.promote import gate
 from flows.shell import CommandError, apply_params, dvc, run
-from flows.workspace import WORKSPACE, prepare, reap, release_dead_locks
+from flows.workspace import WORKSPACE, prepare, reap, release_dead_locks, share_cache
 
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 
@@ -351,6 +351,20 @@ def test_reap_ends_what_a_crashed_attempt_left_in_the_workspace(tmp_path) -> Non
         for p in (left, outside):
             p.kill()
             p.wait()
+
+
+def test_the_workspace_shares_the_projects_cache_and_local_config(tmp_path) -> None:
+    project, ws = tmp_path / "project", tmp_path / "ws"
+    for d in (project, ws):
+        d.mkdir()
+        sh("git", "init", "-q", cwd=d)
+        sh(*DVC, "init", "-q", cwd=d)
+    sh(*DVC, "remote", "add", "--local", "store", str(tmp_path / "remote"), cwd=project)
+    sh(*DVC, "cache", "dir", "--local", str(tmp_path / "elsewhere"), cwd=project)
+    share_cache(project, ws)
+    # what DVC itself reads in the workspace: the project's cache directory and remote
+    assert sh(*DVC, "cache", "dir", cwd=ws).strip() == str(tmp_path / "elsewhere")
+    assert sh(*DVC, "remote", "list", cwd=ws).split() == ["store", str(tmp_path / "remote")]
 
 
 def test_locks_of_dead_processes_are_released(tmp_path) -> None:
