@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from transformer.vocab import (
 TYPES = ("bpe", "wordpiece", "unigram")
 BYTES = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte symbols, sorted: deterministic
 MARK = "\x01"  # never in a byte-level word (byte 1 is "ā" there): _train_unigram's marker
+SEED_SIZE = 1_000_000  # UnigramTrainer's seed_size (not settable from Python): its most pieces
 
 
 def min_vocab_size(kind: str) -> int:
@@ -88,10 +91,8 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
         tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe")
         trainer = trainers.BpeTrainer(**common)
     elif cfg.type == "unigram":  # prunes a large seed vocabulary by EM: no min_frequency
-        del common["min_frequency"]
-        common["vocab_size"] += 1  # MARK's unit, dropped afterwards
-        trainer = trainers.UnigramTrainer(**common, unk_token=SPECIALS[UNK_ID])
-        tok = _train_unigram(files, trainer)
+        del common["min_frequency"], common["vocab_size"]
+        tok = _train_unigram(files, cfg.vocab_size, common)
     else:
         tok = _skeleton(models.WordPiece(unk_token=SPECIALS[UNK_ID]), "wordpiece")
         # The trainer numbers new continuation units in hash-map order, and merge ties are
@@ -114,33 +115,58 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
     return tok
 
 
-def _train_unigram(files: list[Path], trainer: trainers.UnigramTrainer) -> Tokenizer:
-    """The trainer on the corpus's byte-level words, each word seen twice also given once more
-    with MARK after it. Its seed candidates are the substrings that recur in its list of distinct
-    words followed by different characters (a suffix array over the list), so a frequent word
-    that starts no other word (German "Ich") is never a candidate and stays split into letters
-    (sentencepiece#967); followed once by MARK it is one. Python splits the words (~0.1 ms a
-    line): byte-level words hold no whitespace, so the trainer splits them back on spaces."""
-    words = _skeleton(models.Unigram(), "unigram")  # the normalizer and pre-tokenizer used
-    counts: dict[str, int] = {}
+def _train_unigram(files: list[Path], vocab_size: int, common: dict[str, Any]) -> Tokenizer:
+    """The trainer on the corpus's byte-level words, cut to `vocab_size` by score afterwards.
 
-    def lines():
-        for f in files:
-            try:
-                with open(f, encoding="utf-8", newline="\n") as lines_of_f:  # \n ends a line
-                    for line in lines_of_f:
-                        text = words.normalizer.normalize_str(line.removesuffix("\n"))
-                        ws = [w for w, _ in words.pre_tokenizer.pre_tokenize_str(text)]
-                        for w in ws:
-                            counts[w] = counts.get(w, 0) + 1
-                        yield " ".join(ws)
-            except UnicodeDecodeError:
-                raise TokenizerError(f"{f}: not UTF-8") from None
-        yield " ".join(w + MARK for w, n in counts.items() if n > 1)
+    The trainer prunes by EM only while it holds more than 1.1 x its vocab_size pieces, then
+    keeps the first vocab_size in *list* order (SentencePiece keeps the most likely). When no
+    prune ran, that order is the seed's (type frequency x length from a suffix array), so a
+    small corpus loses its most frequent short words: on the demo "at", "on", "PM", "um" went
+    to "Ġ" + letters while numbers seen 12 times ("992") stayed (issue 59). So it is first
+    asked for every piece (no prune, no cut: EM on the whole seed) and, unless its loop would
+    prune, that is cut by score in _canonical_unigram; only a corpus whose seed outgrows the
+    loop's stop is trained again with vocab_size, where the order is the prune's (by loss)."""
+    counts = _words(files)
+    # Seed candidates come from a suffix array over the *distinct* words: only substrings that
+    # recur there followed by different characters, so a frequent word that starts no other
+    # word ("Ich") is never one (sentencepiece#967); given once more with MARK after it, it is.
+    counts.update({w + MARK: 1 for w, n in counts.items() if n > 1})
+    tok = _fit_unigram(counts, SEED_SIZE + len(BYTES) + len(SPECIALS) + 1, common)
+    size = vocab_size + 1  # MARK's unit, dropped afterwards
+    # The trainer's loop stops at 1.1 x its size: more pieces than that (<unk> one), it prunes.
+    if sum(len(p) > 1 for p in tok.get_vocab() if p not in SPECIALS) + 1 > size * 11 // 10:
+        tok = _fit_unigram(counts, size, common)
+    return tok
 
+
+def _words(files: list[Path]) -> Counter[str]:
+    """The files' byte-level words (the skeleton's normalizer and pre-tokenizer), counted.
+    Python splits them (~0.1 ms a line), once for both of _train_unigram's trainer runs."""
+    words, counts = _skeleton(models.Unigram(), "unigram"), Counter()
+    for f in files:
+        try:
+            with open(f, encoding="utf-8", newline="\n") as lines:  # \n alone ends a line
+                for line in lines:
+                    text = words.normalizer.normalize_str(line.removesuffix("\n"))
+                    counts.update(w for w, _ in words.pre_tokenizer.pre_tokenize_str(text))
+        except UnicodeDecodeError:
+            raise TokenizerError(f"{f}: not UTF-8") from None
+    return counts
+
+
+def _fit_unigram(counts: Counter[str], size: int, common: dict[str, Any]) -> Tokenizer:
+    """UnigramTrainer(vocab_size=size) on the counted words. It takes text only: each word is
+    given n times, space-separated (byte-level words hold no whitespace), in chunks."""
+
+    def text():
+        for w, n in counts.items():
+            for k in range(0, n, 10_000):
+                yield " ".join(itertools.repeat(w, min(n - k, 10_000)))
+
+    trainer = trainers.UnigramTrainer(**common, vocab_size=size, unk_token=SPECIALS[UNK_ID])
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.train_from_iterator(lines(), trainer)
+    tok.train_from_iterator(text(), trainer)
     return tok
 
 
@@ -175,8 +201,11 @@ def _canonical_unigram(tok: Tokenizer, vocab_size: int) -> models.Unigram:
     unseen = floor + 1e-4 * (len(BYTES) + 1)  # the unseen bytes' scores lie below this
     scored = [(p, round(floor if len(p) == 1 and v < unseen else v, 6)) for p, v in pieces]
     scored.sort(key=lambda x: (-x[1], x[0]))
-    while len(specials) + len(scored) > vocab_size:  # trained with a unit more, for MARK's
-        scored.pop(max(i for i, (p, _) in enumerate(scored) if len(p) > 1))  # least likely
+    # SentencePiece's final cut: the least likely pieces go, never a byte.
+    excess = len(specials) + len(scored) - vocab_size
+    multi = [i for i, (p, _) in enumerate(scored) if len(p) > 1]
+    drop = set(multi[len(multi) - max(excess, 0) :])
+    scored = [x for i, x in enumerate(scored) if i not in drop]
     return models.Unigram([tuple(x) for x in specials] + scored, unk_id=UNK_ID)
 
 
