@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 CONFTEST = """
 import os, pytest
 
@@ -29,6 +31,7 @@ def test_free(i):
 """
 
 
+@pytest.mark.slow  # three pytest processes (~12 s): `make test`'s two-worker mode, tested there
 def test_an_xdist_group_runs_on_one_worker(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)
     for name in ("a", "b", "c"):
