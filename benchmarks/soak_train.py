@@ -27,6 +27,8 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
+
 TRAIN_FAULTS = ("sigterm", "divergence", "rankkill")
 RESUMED = re.compile(r"^resuming from \S+ \(step (\d+)\)")
 LOST = re.compile(r"exitcode\s*:\s*-9\b")
@@ -36,32 +38,25 @@ REWOUND = re.compile(r"rewound to \S+ \(step (\d+)\), the batches of step\(s\) (
 def agent(ws: Path) -> int | None:
     """The train stage's torchrun agent in the run workspace, if it runs."""
     root = str(ws.resolve())
-    for pid in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            argv = (pid / "cmdline").read_bytes().split(b"\0")
-            if os.readlink(pid / "cwd").startswith(root) and b"transformer.launch" in argv:
-                return int(pid.name)
+    for p in psutil.process_iter(["cwd", "cmdline"]):
+        if (p.info["cwd"] or "").startswith(root) and "transformer.launch" in (
+            p.info["cmdline"] or ()
+        ):
+            return p.pid
     return None
 
 
 def ranks(pid: int) -> list[int]:
-    """The agent's rank processes (its children, in any of its threads)."""
-    found = []
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                found += [int(c) for c in (task / "children").read_text().split()]
-    return sorted(found)
+    """The agent's rank processes (its children)."""
+    with contextlib.suppress(psutil.Error):
+        return sorted(c.pid for c in psutil.Process(pid).children())
+    return []
 
 
 def started(pid: int) -> float:
     """When process `pid` started (time.time()); inf if it is gone."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime")
-        )
-        return int(boot.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).create_time()
     return float("inf")
 
 

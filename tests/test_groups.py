@@ -38,7 +38,7 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path):
         (tmp_path / f"test_{name}.py").write_text(TESTS)
     run = subprocess.run(  # noqa: PLW1510 (its returncode is asserted with its output)
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
-        + ["--dist", "loadgroup", "--no-loadscope-reorder", "-p", "no:randomly"],
+        + ["--dist", "loadgroup", "--no-loadscope-reorder"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
