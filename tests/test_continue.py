@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers import forked
 
 from flows.retrain import unfit
 from transformer import config
@@ -22,15 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(module: str, *args: str | Path) -> str:
-    r = subprocess.run(
-        [sys.executable, "-m", f"transformer.{module}", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert r.returncode == 0, f"transformer.{module} exited {r.returncode}:\n{r.stdout}{r.stderr}"
-    return r.stdout + r.stderr
+    """The stage's CLI in a process of its own (helpers/forked.py): its output."""
+    code, out, err = forked.run(f"transformer.{module}", *args)
+    assert code == 0, f"transformer.{module} exited {code}:\n{out}{err}"
+    return out + err
 
 
 def params(path: Path, **sections: dict) -> Path:
@@ -159,24 +154,9 @@ def test_a_kept_tokenizer_must_match_the_recipe(champion, tmp_path):
     raw, pkg = champion
     cont = {"mode": "continue", "parent": "v1.0.0"}
     other = params(tmp_path / "p.yaml", retrain=cont, download={"tgt_lang": "fr"})
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "transformer.tokenizer",
-            str(raw),
-            str(tmp_path / "tok"),
-            "--parent",
-            str(pkg),
-            "--params",
-            str(other),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert r.returncode == 1 and "tgt_lang is 'de', expected 'fr'" in r.stderr
+    tok = ("transformer.tokenizer", raw, tmp_path / "tok", "--parent", pkg, "--params", other)
+    code, _, err = forked.run(*tok)
+    assert code == 1 and "tgt_lang is 'de', expected 'fr'" in err
     assert not (tmp_path / "tok").exists()
 
 

@@ -6,13 +6,13 @@ prints, and `make results` in that clone."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import forked
 from helpers.docs import readme_fetch, walkthrough
 from prefect_fixtures import BIN, DVC, make_toy, served, sh
 
@@ -135,12 +135,11 @@ def test_a_run_that_went_on_from_another_runs_checkpoints_says_so_with_its_own_t
 
     def train(run_name: str, steps: int) -> dict:
         params = write_params(tmp_path / f"{run_name}-{steps}.yaml", max_steps=steps)
-        args = [str(tmp_path / d) for d in ("shards", "tok", "ckpt")]
-        cmd = [sys.executable, "-m", "transformer.train", *args, "--live", str(live)]
-        cmd += ["--params", str(params), "--no-progress", "--resume"]
-        env = {**os.environ, "TRANSFORMER_RUN": run_name}
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        assert r.returncode == 0, r.stdout + r.stderr
+        args = [tmp_path / d for d in ("shards", "tok", "ckpt")]
+        args += ["--live", live, "--params", params, "--no-progress", "--resume"]
+        env = {"TRANSFORMER_RUN": run_name}
+        code, out, err = forked.run("transformer.train", *args, env=env)
+        assert code == 0, out + err
         return json.loads((live / "metrics.json").read_text())
 
     first = train("pipeline-a", 4)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from helpers import forked
 from transformer import checkpoint, download, shard, tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,39 +59,27 @@ def corpus(tmp_path_factory) -> Path:
 
 def run(
     corpus: Path, ckpt: Path, params: Path, *extra: str, nproc: int = 0, wait: bool = True
-) -> subprocess.Popen | str:
-    """The real CLI in a subprocess (python, or torchrun with `nproc` gloo ranks): its output."""
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    cmd = [
-        *launcher,
-        "-m",
-        "transformer.train",
-        str(corpus / "shards"),
-        str(corpus / "tok"),
-        str(ckpt),
-        "--params",
-        str(params),
-        "--no-progress",
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # A shell's background job (`make test &`) ignores SIGINT, a child inherits an ignored signal,
-    # and its Python then installs no KeyboardInterrupt handler for the Ctrl-C test to reach: a
-    # handled one in this process is reset to the default in the child instead.
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+) -> subprocess.Popen | forked.Forked | str:
+    """The real CLI in a process of its own (forked: helpers/forked.py; or torchrun with `nproc`
+    gloo ranks): its output."""
+    args = [corpus / "shards", corpus / "tok", ckpt, "--params", params, "--no-progress", *extra]
+    if nproc:
+        proc = torchrun(nproc, [str(a) for a in args])
+    else:
+        proc = forked.start("transformer.train", *args, merged=True)
     if wait:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
         return out
     return proc
+
+
+def torchrun(nproc: int, args: list[str]) -> subprocess.Popen:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*launcher, f"--nproc_per_node={nproc}", "-m", "transformer.train", *args]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def kill_once_written(proc: subprocess.Popen, path: Path) -> None:
