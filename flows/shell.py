@@ -65,8 +65,11 @@ class CommandError(RuntimeError):
 
     def __init__(self, what: str, cmd: list[str], code: int, tail: list[str]):
         self.lock_busy = any(m in line for line in tail for m in LOCK_BUSY)
+        judged = without_stopped_ranks(tail)
         self.transient = (
-            code < 0 or code in (128 + 9, 128 + 15) or any(TRANSIENT.search(line) for line in tail)
+            code < 0
+            or code in (128 + 9, 128 + 15)
+            or any(TRANSIENT.search(line) for line in judged)
         )
         self.preempted = code == PREEMPTED or any(EXITED_PREEMPTED.search(t) for t in tail)
         self.cause = cause(tail) or f"exit status {code}"
@@ -76,6 +79,20 @@ class CommandError(RuntimeError):
             f"{what} {'preempted' if self.preempted else 'failed'}: {self.cause}\n"
             f"`{' '.join(cmd)}` exited with {code}:\n" + "\n".join(tail[-20:])
         )
+
+
+def without_stopped_ranks(lines: list[str]) -> list[str]:
+    """`lines` less torchrun's "Failures:" list: the ranks its agent stopped (SIGTERM) once one
+    rank failed. Their -15 says nothing of the failure; the "Root Cause" entry after it does."""
+    kept, stopped = [], False
+    for line in lines:
+        if line.strip() == "Failures:":
+            stopped = True
+        elif line.startswith("Root Cause"):
+            stopped = False
+        if not stopped:
+            kept.append(line)
+    return kept
 
 
 def cause(lines: list[str]) -> str:

@@ -323,6 +323,34 @@ def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path, then) -> None:
     assert e.value.transient, str(e.value)
 
 
+RANKS = """
+import os, signal, sys, time
+if os.environ["RANK"] == "0":
+    time.sleep(1)  # both ranks up: the agent then stops rank 1 with SIGTERM
+    if sys.argv[1] == "oom":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit("error: data/shards/train/0.bin: not a shard (bad magic)")
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow  # two real torchrun agents
+@pytest.mark.parametrize("fault", ["error", "oom"])
+def test_a_rank_s_own_error_is_not_retried_for_the_ranks_torchrun_stopped(tmp_path, fault):
+    """One of two ranks fails: torchrun's agent stops the other (SIGTERM, listed under
+    "Failures:") and names the first failure its root cause. A bad shard is worth no retry,
+    however the stopped rank died; a rank killed by the kernel is."""
+    (tmp_path / "ranks.py").write_text(RANKS)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    with pytest.raises(CommandError) as e:
+        run([*torchrun, "--nproc_per_node=2", "ranks.py", fault], tmp_path, "stage train")
+    printed = str(e.value)
+    assert "exitcode  : -15" in printed and "Root Cause" in printed  # torchrun's own summary
+    assert e.value.transient == (fault == "oom"), printed
+    if fault == "error":
+        assert "stage train failed: error: data/shards/train/0.bin: not a shard" in printed
+
+
 def test_serving_without_a_remote_needs_local_only(tmp_path, capsys) -> None:
     """No default DVC remote: `flows.serve` refuses to start, naming the fix, unless told
     --local-only; with a remote it starts."""
