@@ -162,37 +162,6 @@ def test_unigram_cuts_its_vocabulary_to_the_most_likely_pieces(tmp_path):
 
 
 @pytest.mark.parametrize("kind", T.TYPES)
-def test_split_digits_makes_every_digit_a_unit_and_still_roundtrips(tmp_path, kind):
-    files = _demo_files(tmp_path)  # counts 2-999, times, dates: whole numbers are units by default
-    cfg = TokenizerConfig(type=kind, vocab_size=1000, split_digits=True)
-    tok = T.train_tokenizer(files, cfg)
-    digits = [p for p in tok.get_vocab() if sum(c.isdigit() for c in p) > 1]
-    assert digits == [], digits[:5]
-    pieces = tok.encode("Lena bought 823 apples at 3:35 PM.").tokens
-    assert [sum(c.isdigit() for c in p) for p in pieces if any(c.isdigit() for c in p)] == [1] * 6
-    for line in LINES + TRICKY + ["2022-12-31 10:05 1,000,000.50 0 ０１ ٣ 7th"]:
-        assert tok.decode(tok.encode(line).ids) == line, (kind, line)
-    default = T.train_tokenizer(files, TokenizerConfig(type=kind, vocab_size=1000))
-    assert any(sum(c.isdigit() for c in p) > 1 for p in default.get_vocab())  # as it was
-
-
-def test_a_kept_tokenizer_must_split_digits_as_the_recipe_says(tmp_path):
-    raw = tmp_path / "raw"
-    for f in _files(raw, LINES):
-        f.rename(raw / f.name)
-    (raw / "valid.en").write_text("1 2\n")
-    (raw / "valid.de").write_text("1 2\n")
-    cfg = TokenizerConfig(type="bpe", vocab_size=T.min_vocab_size("bpe") + 20, min_frequency=1)
-    T.build(raw, tmp_path / "parent", cfg, ("en", "de"))
-    assert vocab.read_meta(tmp_path / "parent")["split_digits"] is False
-    T.build(raw, tmp_path / "kept", cfg, ("en", "de"), parent=tmp_path / "parent")
-    other = TokenizerConfig(**{**vars(cfg), "split_digits": True})
-    with pytest.raises(vocab.TokenizerError, match="parent/meta.json: split_digits is False"):
-        T.build(raw, tmp_path / "other", other, ("en", "de"), parent=tmp_path / "parent")
-    assert not (tmp_path / "other").exists()
-
-
-@pytest.mark.parametrize("kind", T.TYPES)
 def test_a_training_file_that_is_not_utf8_is_named(tmp_path, kind):
     files = _files(tmp_path, LINES)
     files[1].write_bytes(files[1].read_bytes() + b"\xff\xfe\n")

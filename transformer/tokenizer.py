@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformer import settings
 from transformer.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
@@ -36,7 +36,6 @@ from transformer.vocab import (
     TokenizerError,
     check_specials,
     load_tokenizer,
-    read_meta,
 )
 
 TYPES = ("bpe", "wordpiece", "unigram")
@@ -50,7 +49,7 @@ def min_vocab_size(kind: str) -> int:
     return len(SPECIALS) + len(BYTES) * (2 if kind == "wordpiece" else 1)
 
 
-def _skeleton(model: models.Model, kind: str, split_digits: bool = False) -> Tokenizer:
+def _skeleton(model: models.Model, kind: str) -> Tokenizer:
     tok = Tokenizer(model)
     # A space before every line, so a sentence-initial word is the same unit as a medial one
     # (SentencePiece's dummy prefix); the decoder strips exactly this one space again.
@@ -58,9 +57,6 @@ def _skeleton(model: models.Model, kind: str, split_digits: bool = False) -> Tok
     # GPT-2 byte-level split: spaces attach to the next word ("Ġword"), punctuation and digits
     # are their own pre-tokens (much like the Moses tokenization the paper's BPE ran on).
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if split_digits:  # SentencePiece's --split_digits: "Ġ823" -> "Ġ8" "2" "3"
-        digit = pre_tokenizers.Split(Regex("Ġ?[0-9]"), behavior="isolated")
-        tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, digit])
     steps = [decoders.ByteLevel(), decoders.Strip(" ", 1, 0)]
     if kind == "wordpiece":  # pieces concatenate once the continuation marker is gone
         steps.insert(0, decoders.Replace(CONT, ""))
@@ -91,15 +87,14 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
         "initial_alphabet": BYTES,  # every byte is a unit, so nothing is ever <unk>
         "show_progress": sys.stderr.isatty(),
     }
-    digits = cfg.split_digits
     if cfg.type == "bpe":
-        tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe", digits)
+        tok = _skeleton(models.BPE(unk_token=SPECIALS[UNK_ID]), "bpe")
         trainer = trainers.BpeTrainer(**common)
     elif cfg.type == "unigram":  # prunes a large seed vocabulary by EM: no min_frequency
         del common["min_frequency"], common["vocab_size"]
-        tok = _train_unigram(files, cfg.vocab_size, common, digits)
+        tok = _train_unigram(files, cfg.vocab_size, common)
     else:
-        tok = _skeleton(models.WordPiece(unk_token=SPECIALS[UNK_ID]), "wordpiece", digits)
+        tok = _skeleton(models.WordPiece(unk_token=SPECIALS[UNK_ID]), "wordpiece")
         # The trainer numbers new continuation units in hash-map order, and merge ties are
         # broken by id: fixing their ids up front (as extra specials) makes training
         # deterministic. They become ordinary units again in _complete_wordpiece.
@@ -111,18 +106,16 @@ def train_tokenizer(files: list[Path], cfg: TokenizerConfig) -> Tokenizer:
         except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception naming no file)
             raise TokenizerError(f"{', '.join(map(str, files))}: {e}") from None
     if cfg.type == "wordpiece":
-        tok = _skeleton(_complete_wordpiece(tok, cfg.vocab_size), "wordpiece", digits)
+        tok = _skeleton(_complete_wordpiece(tok, cfg.vocab_size), "wordpiece")
         tok.add_special_tokens(SPECIALS)  # already ids 0..3 of the vocabulary
     elif cfg.type == "unigram":
-        tok = _skeleton(_canonical_unigram(tok, cfg.vocab_size), "unigram", digits)
+        tok = _skeleton(_canonical_unigram(tok, cfg.vocab_size), "unigram")
         tok.add_special_tokens(SPECIALS)
     check_specials(tok, "trained tokenizer")
     return tok
 
 
-def _train_unigram(
-    files: list[Path], vocab_size: int, common: dict[str, Any], split_digits: bool
-) -> Tokenizer:
+def _train_unigram(files: list[Path], vocab_size: int, common: dict[str, Any]) -> Tokenizer:
     """The trainer on the corpus's byte-level words, cut to `vocab_size` by score afterwards.
 
     The trainer prunes by EM only while it holds more than 1.1 x its vocab_size pieces, then
@@ -133,7 +126,7 @@ def _train_unigram(
     asked for every piece (no prune, no cut: EM on the whole seed) and, unless its loop would
     prune, that is cut by score in _canonical_unigram; only a corpus whose seed outgrows the
     loop's stop is trained again with vocab_size, where the order is the prune's (by loss)."""
-    counts = _words(files, split_digits)
+    counts = _words(files)
     # Seed candidates come from a suffix array over the *distinct* words: only substrings that
     # recur there followed by different characters, so a frequent word that starts no other
     # word ("Ich") is never one (sentencepiece#967); given once more with MARK after it, it is.
@@ -146,10 +139,10 @@ def _train_unigram(
     return tok
 
 
-def _words(files: list[Path], split_digits: bool) -> Counter[str]:
+def _words(files: list[Path]) -> Counter[str]:
     """The files' byte-level words (the skeleton's normalizer and pre-tokenizer), counted.
     Python splits them (~0.1 ms a line), once for both of _train_unigram's trainer runs."""
-    words, counts = _skeleton(models.Unigram(), "unigram", split_digits), Counter()
+    words, counts = _skeleton(models.Unigram(), "unigram"), Counter()
     for f in files:
         try:
             with open(f, encoding="utf-8", newline="\n") as lines:  # \n alone ends a line
@@ -260,11 +253,6 @@ def keep(parent: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, st
     """A continued run's tokenizer: the parent's files as they are (not retrained), checked."""
     expect = {"type": cfg.type, "min_frequency": cfg.min_frequency}
     tok = load_tokenizer(parent, {**expect, "src_lang": langs[0], "tgt_lang": langs[1]})
-    if (split := read_meta(parent).get("split_digits", False)) != cfg.split_digits:
-        # (a package from before the setting has no key: it did not split)
-        raise TokenizerError(
-            f"{parent}/meta.json: split_digits is {split!r}, expected {cfg.split_digits!r}"
-        )
     with atomic_dir(out_dir) as tmp:
         for name in ("tokenizer.json", "meta.json"):
             (tmp / name).write_bytes((Path(parent) / name).read_bytes())
@@ -290,7 +278,6 @@ def build(
             "src_lang": langs[0],
             "tgt_lang": langs[1],
             "min_frequency": cfg.min_frequency,
-            "split_digits": cfg.split_digits,
             "train_files": [f.name for f in files],
             "train_sha256": training_sha256(files),
         }

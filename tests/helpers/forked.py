@@ -68,7 +68,7 @@ class Forked:
     def send_signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         """Wait for the run to end (killing it past `timeout`): its stdout and stderr (None when
         merged into stdout, as Popen's `stderr=STDOUT`)."""
         self._process.join(timeout)
@@ -76,10 +76,10 @@ class Forked:
             self._process.kill()
             self._process.join()
             raise TimeoutError(f"{self._process.name} still running after {timeout} s")
-        out, err, *_ = [Path(log).read_text(errors="replace") for log in self._logs] + [None]
+        texts = [Path(log).read_text(errors="replace") for log in self._logs]
         for log in self._logs:
             os.unlink(log)
-        return out, err
+        return texts[0], texts[1] if len(texts) == 2 else None
 
 
 def start(

@@ -13,9 +13,6 @@ class TokenizerConfig:
     type: str = "bpe"
     vocab_size: int = 2000  # all units: 4 specials + 256 bytes (x2 for wordpiece) + merges
     min_frequency: int = 2  # a merge must occur this often in the train split (bpe, wordpiece)
-    # every ASCII digit its own unit (SentencePiece's split_digits): numbers are digit sequences
-    # that every model sees often, never rare whole-number units ("823") to learn one by one
-    split_digits: bool = False
 
     def __post_init__(self) -> None:
         choice("tokenizer.type", self.type, ("bpe", "wordpiece", "unigram"))
