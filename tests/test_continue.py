@@ -18,8 +18,6 @@ from transformer import config
 from transformer.parent import NONE, ParentError, check, scratch
 from transformer.vocab import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def cli(module: str, *args: str | Path) -> str:
     """The stage's CLI in a process of its own (helpers/forked.py): its output."""

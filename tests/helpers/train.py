@@ -13,10 +13,8 @@ import torch
 import yaml
 
 from helpers import forked
+from helpers.forked import ROOT
 from transformer import checkpoint, download, shard, tokenizer
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1}
 
