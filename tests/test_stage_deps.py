@@ -36,7 +36,9 @@ def stale(repo: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict[str, set[str]]]:
+    """The locked copy, its stages, and the project files each stage's command runs (the
+    modules after `-m`: the train stage's launcher and train), read once."""
     repo = tmp_path_factory.mktemp("stage-deps")
     ignore = shutil.ignore_patterns("__pycache__")
     for pkg in ("transformer", "flows"):
@@ -60,7 +62,13 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     sh("git", "add", "-A", cwd=repo)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "locked", cwd=repo)
     assert stale(repo) == set()
-    return repo, stages
+    runs = {
+        name: set().union(
+            *(imported_modules(repo, m) for m in re.findall(r"-m (transformer\.\w+)", stage["cmd"]))
+        )
+        for name, stage in stages.items()
+    }
+    return repo, stages, runs
 
 
 MODULES = sorted(
@@ -73,15 +81,8 @@ MODULES = sorted(
 @pytest.mark.slow  # a `dvc status` per module: ~2 s each on a busy machine
 @pytest.mark.parametrize("module", MODULES)
 def test_an_edit_reruns_exactly_the_stages_that_import_the_module(locked, module) -> None:
-    repo, stages = locked
-    want = {
-        name
-        for name, stage in stages.items()
-        if any(  # the modules the command runs (the train stage's: its launcher's and train's)
-            module in imported_modules(repo, m)
-            for m in re.findall(r"-m (transformer\.\w+)", stage["cmd"])
-        )
-    }
+    repo, _, runs = locked
+    want = {name for name, files in runs.items() if module in files}
     path = repo / module
     text = path.read_text()
     path.write_text(text + "# an edit\n")
@@ -93,7 +94,7 @@ def test_an_edit_reruns_exactly_the_stages_that_import_the_module(locked, module
 
 def test_the_trainer_and_the_presets_are_no_deps_of_training(locked) -> None:
     """The edits issue 51 named: the BPE trainer and the presets."""
-    _, stages = locked
+    _, stages, _ = locked
     deps = set(stages["train"]["deps"])
     for module in ("transformer/tokenizer.py", "transformer/config.py"):
         assert module not in deps

@@ -78,3 +78,17 @@ def test_two_gloo_ranks_score_the_valid_bleu_of_one_process(corpus, tmp_path):
     alone = ValidBleu(text, corpus / "tok", torch.device("cpu"))(model)
     assert logged["chrf"] > 0
     assert (logged["bleu"], logged["chrf"]) == (alone["bleu"], alone["chrf"])
+
+
+def test_validating_more_often_leaves_the_weights_alone(corpus, tmp_path):
+    """Scoring valid BLEU draws no random number: a run's dropout stream, and so its weights,
+    are the same whether it validates after every update or every third."""
+    weights = []
+    for every in (1, 3):
+        params = write_params(tmp_path / f"{every}.yaml", valid_every_steps=every)
+        live = tmp_path / f"live{every}"
+        run(corpus, tmp_path / f"ckpt{every}", params, "--raw", corpus / "raw", "--live", live)
+        scored = (live / "plots/metrics/valid/bleu.tsv").read_text().splitlines()[1:]
+        assert len(scored) == 6 // every, scored  # (step, BLEU) at each validation
+        weights.append(checkpoint.load(checkpoint.step_path(tmp_path / f"ckpt{every}", 6)))
+    assert all(torch.equal(weights[0]["model"][k], v) for k, v in weights[1]["model"].items())

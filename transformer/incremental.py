@@ -95,7 +95,9 @@ class Decoder:
         resolve_precision(precision, self.device, "decode.precision")  # bf16: native?
         self.precision, self.max_positions = precision, model.cfg.max_positions
         W = model.output_matrix().detach()  # (V', D); V' < V with model.output_vocab target
-        out = nn.Linear(W.size(1), W.size(0), bias=False)
+        # skip_init: a Linear's own init would draw from the global generator, the dropout
+        # stream of a training run that validates with this (valid BLEU)
+        out = nn.utils.skip_init(nn.Linear, W.size(1), W.size(0), bias=False)
         out.weight = nn.Parameter(W.clone(), requires_grad=False)
         self.model = copy.deepcopy(model).eval().requires_grad_(False).to(self.device)
         self.out = nn.Sequential(out).to(self.device)
