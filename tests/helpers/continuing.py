@@ -39,7 +39,7 @@ def preset(corpus: str) -> dict:
             "lr_scale": 0.2,
             "max_tokens": 1024,
             "save_every_steps": 5,
-            "valid_every_steps": 5,
+            "valid_every_steps": 30,  # (a validation costs more than 5 updates here)
             "threads": 1,
         },
         "average": {"last_k": 2},
