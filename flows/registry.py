@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+# gto at import time, not in a flow run: importing it runs logging.config.dictConfig, which
+# flushes every handler, and Prefect's API log handler then waits for its queue (~2.5 s)
+import gto.api
 import yaml
+from gto.exceptions import ArtifactNotFound
 
 from flows.dag import read_dag
 from flows.lineage import Snapshot, lineage
@@ -98,12 +102,9 @@ def champion(project: Path) -> dict[str, Any] | None:
 
 def versions(project: Path) -> dict[str, str]:
     """{commit: version} of every registered version of the artifact."""
-    from gto.api import show
-    from gto.exceptions import ArtifactNotFound
-
     name, _ = artifact(project)
     try:
-        found = show(str(project), name, table=False)
+        found = gto.api.show(str(project), name, table=False)
     except ArtifactNotFound:  # nothing registered yet
         return {}
     return {v["commit_hexsha"]: v["version"] for v in found if v.get("registrations")}
@@ -116,15 +117,13 @@ def version_of(project: Path, commit: str) -> str | None:
 def promote(project: Path, commit: str, summary: dict[str, Any], reason: str) -> str:
     """Register `commit` as the artifact's next version, assign it the production stage and push
     its data to the default DVC remote (if one is configured); the new version."""
-    from gto.api import assign, register
-
     name, path = artifact(project)
     message = json.dumps({"reason": reason, **summary}, default=str, sort_keys=True)
     known = versions(project)
     major = max((int(v.lstrip("v").split(".")[0]) for v in known.values()), default=0)
     version = (
         known.get(commit)
-        or register(
+        or gto.api.register(
             str(project),
             name,
             commit,
@@ -132,7 +131,9 @@ def promote(project: Path, commit: str, summary: dict[str, Any], reason: str) ->
             message=f"Registering {name}: {message}",
         ).version
     )
-    assign(str(project), name, STAGE, version=version, message=f"Promoting {name}: {message}")
+    gto.api.assign(
+        str(project), name, STAGE, version=version, message=f"Promoting {name}: {message}"
+    )
     try:
         push(project, path, commit)
     except RegistryError as e:  # the version stands; its data follows with the next publish
