@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -14,12 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 from prefect import flow
 from prefect_fixtures import (
     DVC,
-    ROOT,
     artifact,
     client,
     copy_toy,
@@ -85,7 +82,6 @@ class Served:
     env: dict[str, str]  # what the serve process was given
     params_before: bytes  # params.yaml before any run
     serve: subprocess.Popen
-    stack: contextlib.ExitStack  # holds the serve process (a test that kills it starts another)
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +93,15 @@ def project(
 ) -> Iterator[Served]:
     """One toy project with a DVC remote, served by `python -m flows.serve`, for the scenario
     tests below. They run in any order: each takes the state it needs from the `fresh` or
-    `champion` fixture, and the killed-serve scenario leaves a new serve process behind."""
+    `champion` fixture."""
     toy = copy_toy(toy_template, tmp_path_factory.mktemp("served") / "toy")
     sh(*DVC, "remote", "add", "-d", "store", str(toy.parent / "remote"), cwd=toy)
     sh("git", "commit", "-qam", "a DVC remote", cwd=toy)
     env = {**{k: str(v) for k, v in controls.items()}, "TOY_CORPUS": str(toy.parent / "corpus")}
     saved = os.environ.get("TOY_CORPUS")
     os.environ["TOY_CORPUS"] = env["TOY_CORPUS"]
-    with contextlib.ExitStack() as stack:
-        proc = stack.enter_context(served(toy, prefect_server, **env))
-        yield Served(toy, env, (toy / "params.yaml").read_bytes(), proc, stack)
+    with served(toy, prefect_server, **env) as proc:
+        yield Served(toy, env, (toy / "params.yaml").read_bytes(), proc)
     os.environ.pop("TOY_CORPUS") if saved is None else os.environ.__setitem__("TOY_CORPUS", saved)
 
 
@@ -661,12 +656,8 @@ def test_retrain_considers_code_and_recipe_changes_and_runs_queue(
 def test_a_failed_run_names_its_cause_and_changes_nothing(
     project, prefect_server: dict, controls: dict
 ) -> None:
-    """`python -m flows.run ... --wait` exits 1 and prints the cause (and the stage)."""
-    r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_step=5"]')
-    assert r.returncode == 1 and "unknown key train.max_step" in r.stdout, r.stdout
-    state = flow_run(run_id(r.stdout)).state
-    assert state.is_failed() and "unknown key train.max_step" in state.message
-    untouched(project)
+    """`python -m flows.run ... --wait` exits 1 and prints the cause and the stage (a bad
+    override's: test_flows_outcomes)."""
     controls["TOY_FAIL_TRAIN"].touch()
     try:
         r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=70"]')
@@ -721,78 +712,6 @@ def test_manual_experiments_go_through_the_same_gate(project, prefect_server: di
     assert "refused: candidate BLEU 30.00 does not beat champion 90.00" in sh(
         "git", "tag", "-n1", "--list", "decision/*", cwd=toy
     )
-
-
-@pytest.mark.slow
-def test_the_champion_from_a_fresh_clone(project, prefect_server: dict, tmp_path: Path) -> None:
-    """git clone + `dvc artifacts get . transformer --stage prod` (the DVC remote holds it).
-    It promotes its own champion first (BLEU 95 beats any the other scenarios make)."""
-    toy = project.path
-    # TOY_BARRIER off: `dvc exp run` runs the stages one after another
-    cli = {**prefect_server, **project.env, "PYTHONPATH": str(toy), "TOY_BARRIER": ""}
-    exp = ("exp", "run", "--temp", "-n", "fresh-clone", "-S", "train.max_steps=950")
-    sh(sys.executable, "-m", "dvc", *exp, cwd=toy, env=cli)
-    out = sh(sys.executable, "-m", "flows.promote", "fresh-clone", cwd=toy, env=cli)
-    assert "promoted as" in out, out
-    fresh = fetch_champion(toy, tmp_path)
-    lineage_file = json.loads((fresh / "champion/lineage.json").read_text())
-    assert lineage_file["bleu"] == 95.0
-    assert (fresh / "champion/model.pt").read_text().startswith("950 ")
-    assert (fresh / "champion/tokenizer/tokenizer.json").is_file()
-
-
-@pytest.mark.slow
-def test_killed_serve_process_then_the_run_resumes(
-    project, prefect_server: dict, controls: dict
-) -> None:
-    """kill -9 of `flows.serve` mid-train. The run crashes saying what died, the automation
-    reschedules it, the restarted serve process resumes it: Completed, no person. Then a serve
-    process for the module's other scenarios."""
-    toy, env = project.path, project.env
-    hold, started = controls["TOY_HOLD"], controls["TOY_STARTED"]
-    started.unlink(missing_ok=True)
-    hold.touch()
-    waiter = subprocess.Popen(  # what a script waits on, across the crash and the retry
-        [
-            sys.executable,
-            "-m",
-            "flows.run",
-            "pipeline/demo",
-            "-p",
-            'overrides=["train.max_steps=30"]',
-        ]
-        + ["--wait"],
-        cwd=ROOT,
-        env=prefect_server,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    wait_until("train to start", started.exists)
-    project.serve.send_signal(signal.SIGKILL)
-    project.serve.wait()
-    run = latest_run("pipeline").id
-    rescheduled = wait_until(
-        "the crashed run to be rescheduled", lambda: flow_run(run).state.name == "AwaitingRetry"
-    )
-    assert rescheduled
-    with client() as c:
-        crashed = [s for s in c.read_flow_run_states(run) if s.is_crashed()]
-    assert "the process serving this flow run" in crashed[-1].message
-    hold.unlink()
-    with served(toy, prefect_server, **env):
-        final = finished(run)
-        printed = waiter.communicate(timeout=600)[0]
-    assert final.state.is_completed(), final.state
-    assert waiter.returncode == 0, printed
-    assert f"UUID: {run}" in printed and "Crashed: the process serving" in printed, printed
-    assert "ended Completed after 2 attempt(s)" in printed
-    text = logs(run)
-    assert "attempt 2 of 3; the last one crashed: the process serving" in text
-    assert "toy train: resuming from data/checkpoints/step_00000001.pt" in text
-    assert not [p for p in psutil.process_iter(["cwd"]) if str(toy) in (p.info["cwd"] or "")]
-    untouched(project)
-    project.serve = project.stack.enter_context(served(toy, prefect_server, **env))  # for the rest
 
 
 def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):

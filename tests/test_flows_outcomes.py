@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import forked
 from helpers.docs import readme_fetch, walkthrough
-from prefect_fixtures import BIN, DVC, make_toy, served, sh
+from prefect_fixtures import BIN, DVC, client, make_toy, run_id, served, sh
 
 
 def runnable(argv: list[str], subst: dict[str, str]) -> list[str]:
@@ -54,6 +54,7 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
     serve, local_only, demo, promote, remote, commit, publish, clone, _, fetch, _ = steps
     assert fetch == readme_fetch()  # the README's command is the doc's
     toy = make_toy(tmp_path / "toy")
+    params = (toy / "params.yaml").read_bytes()
     corpus = str(toy.parent / "corpus")
     env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}
     other = tmp_path / "other-clone"
@@ -85,6 +86,12 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
         r = run([sys.executable, "-m", "flows.run", "pipeline/demo", *bad], toy, env)
         assert r.returncode == 1 and "unknown key train.max_step" in r.stdout, r.stdout
         failed = re.search(r"started flow run (\S+) of pipeline/demo", r.stdout).group(1)
+        with client() as c:  # the server's record says so too
+            state = c.read_flow_run(run_id(r.stdout)).state
+        assert state.is_failed() and "unknown key train.max_step" in state.message
+        assert (toy / "params.yaml").read_bytes() == params and not sh(
+            "git", "status", "--porcelain", cwd=toy
+        )
 
     sh(*runnable(remote, subst), cwd=toy)
     sh(*runnable(commit, subst), cwd=toy)

@@ -1,5 +1,6 @@
 """The real seven-stage pipeline through the `pipeline/demo` deployment, with tiny overrides:
-a run killed mid-train that resumes by itself, its record, its experiment on another machine,
+a run whose serve process is killed mid-train and that resumes by itself (followed by
+`flows.run --wait`), its record, its experiment on another machine,
 its promotion, and the champion fetched in a fresh clone and translating."""
 
 from __future__ import annotations
@@ -7,9 +8,11 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers.checkout import checkout
 from helpers.docs import walkthrough
@@ -73,23 +76,42 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     params = (project / "params.yaml").read_bytes()
     ws = project / WORKSPACE
     with served(project, prefect_server) as serve:
-        # a run killed with its serve process once it has written checkpoints
-        r = deployment_run(
-            prefect_server, "pipeline/demo", "-p", f"overrides={json.dumps(TINY)}", watch=False
+        # a run killed (kill -9) with its serve process once it has written checkpoints; what
+        # a script waits on follows it across the crash and the retry
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "flows.run", "pipeline/demo"]
+            + ["-p", f"overrides={json.dumps(TINY)}", "--wait"],
+            cwd=project,
+            env=prefect_server,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-        run = run_id(r.stdout)
+        started = waiter.stdout.readline()
+        run = run_id(started)
         wait_until(
             "a checkpoint of the run", lambda: (ws / "data/checkpoints/step_00000020.pt").exists()
         )
         serve.kill()
         serve.wait()
+    # the run crashes saying what died, the automation reschedules it, and the next serve
+    # process resumes it: Completed, no person
     wait_until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
+    with client() as c:
+        crashed = [s for s in c.read_flow_run_states(run) if s.is_crashed()]
+    assert "the process serving this flow run" in crashed[-1].message
     with served(project, prefect_server):
         wait_until("the resumed run to finish", lambda: state(run).type.value in TERMINAL)
+        printed = started + waiter.communicate(timeout=600)[0]
     assert state(run).is_completed(), state(run)
+    assert waiter.returncode == 0, printed
+    assert "Crashed: the process serving" in printed, printed
+    assert "ended Completed after 2 attempt(s)" in printed, printed
     logged = run_logs(run)
     text = "\n".join(logged)
+    assert "attempt 2 of 3; the last one crashed: the process serving" in text
     assert "resuming from data/checkpoints/step_000000" in text
+    assert not [p for p in psutil.process_iter(["cwd"]) if str(project) in (p.info["cwd"] or "")]
     assert (project / "params.yaml").read_bytes() == params
     assert sh("git", "status", "--porcelain", cwd=project) == ""
     assert dvc_json(ws, "status") == {}
