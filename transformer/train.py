@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import faulthandler
 import math
 import os
 import sys
@@ -326,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    # a rank killed by a fatal signal (a C++ abort, a segfault) prints each thread's Python
+    # stack: torchrun's summary names only the signal
+    faulthandler.enable()
     try:
         mcfg = settings.load(ModelConfig, "model", args.params)
         tcfg = settings.load(TrainConfig, "train", args.params)
