@@ -184,29 +184,29 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed
     assert not aside.parent.exists()
 
 
-def test_a_fatal_signal_prints_where_the_process_was(corpus, tmp_path):
-    """A rank that dies of SIGABRT (a C++ abort) or SIGSEGV prints each thread's Python stack:
-    torchrun's summary names only the signal."""
+def signalled_once_saved(corpus: Path, tmp_path: Path, sig: int) -> tuple[int, str]:
+    """A long run sent `sig` once its first checkpoint exists: (its exit status, its output)."""
     params = write_params(tmp_path / "params.yaml", max_steps=100000, save_every_steps=5)
     proc = run(corpus, tmp_path / "ck", params, wait=False)
     first = checkpoint.step_path(tmp_path / "ck", 5)
     while not first.exists() and proc.poll() is None:
         time.sleep(0.005)
-    proc.send_signal(signal.SIGABRT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGABRT, out
+    return proc.returncode, out
+
+
+def test_a_fatal_signal_prints_where_the_process_was(corpus, tmp_path):
+    """A rank that dies of SIGABRT (a C++ abort) or SIGSEGV prints each thread's Python stack:
+    torchrun's summary names only the signal."""
+    code, out = signalled_once_saved(corpus, tmp_path, signal.SIGABRT)
+    assert code == -signal.SIGABRT, out
     assert "Fatal Python error: Aborted" in out and 'transformer/train.py", line' in out, out
 
 
 def test_ctrl_c_names_the_checkpoint_to_resume_from(corpus, tmp_path):
-    params = write_params(tmp_path / "params.yaml", max_steps=100000, save_every_steps=5)
-    proc = run(corpus, tmp_path / "ck", params, wait=False)
-    first = checkpoint.step_path(tmp_path / "ck", 5)
-    while not first.exists() and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out
+    code, out = signalled_once_saved(corpus, tmp_path, signal.SIGINT)
+    assert code == 130, out
     newest = checkpoint.list_checkpoints(tmp_path / "ck")[-1]
     assert f"interrupted; --resume continues from {newest}" in out and "Traceback" not in out
 
