@@ -327,9 +327,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    # a rank killed by a fatal signal (a C++ abort, a segfault) prints each thread's Python
-    # stack: torchrun's summary names only the signal
-    faulthandler.enable()
     try:
         mcfg = settings.load(ModelConfig, "model", args.params)
         tcfg = settings.load(TrainConfig, "train", args.params)
@@ -379,4 +376,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # as a program (torchrun's rank, the launcher's process), not when main() is called in a
+    # process whose stderr may have no file: a rank killed by a fatal signal (a C++ abort, a
+    # segfault) prints each thread's Python stack, where torchrun's summary names the signal
+    faulthandler.enable()
     main()
