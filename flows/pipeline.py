@@ -115,19 +115,23 @@ def run_stages(
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
     force: tuple[str, ...] = (),
+    done: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Submit every stage once its upstream stages are done; {stage: "ran" | "skipped" | ...}."""
-    futures = {}
+    """Submit every stage once its upstream stages are done, but those `done` already in this
+    flow run (with their outcome); {stage: "ran" | "skipped" | ...}."""
+    done, futures = dict(done or {}), {}
     for name, stage in dag.items():  # topological order: upstream futures exist already
+        if name in done:
+            continue
         futures[name] = stage_task(name, download_retries, retry_delay_s).submit(
-            ws, name, name in force, wait_for=[futures[u] for u in stage.upstream]
+            ws, name, name in force, wait_for=[futures[u] for u in stage.upstream if u in futures]
         )
     try:
         wait(list(futures.values()))
     except BaseException:  # cancelled (Prefect's TerminationSignal), Ctrl-C: the stages stop as
         stop_all()  # preempted ones do (the train stage saves its update in progress), in time
         raise
-    return {name: f.result() for name, f in futures.items()}
+    return {name: done.get(name) or futures[name].result() for name in dag}
 
 
 def start_attempt() -> None:
@@ -276,15 +280,17 @@ def run_experiment(
     overrides: list[str],
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
+    done: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The stages in the prepared workspace `ws` (at `commit`, the recipe applied), the experiment
-    saved and published; its record. pipeline() and retrain() share it after their preamble."""
+    """The stages in the prepared workspace `ws` (at `commit`, the recipe applied) but those
+    `done` already, the experiment saved and published; its record. pipeline() and retrain()
+    share it after their preamble."""
     dag = read_dag(ws)
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     # the train stage records it in its checkpoints: a later run that goes on from them (the
     # workspace keeps one set) says from which experiment, at which step
     os.environ["TRANSFORMER_RUN"] = name
-    stages = run_stages(ws, dag, download_retries, retry_delay_s)
+    stages = run_stages(ws, dag, download_retries, retry_delay_s, done=done)
     recipe = {"preset": preset, "overrides": overrides}
     exp_commit = save_experiment(ws, dag, name, recipe)
     record = lineage.lineage(

@@ -178,7 +178,7 @@ def retrain(
         ws, commit = prepare(root, rev, preset, overrides)
         dag = read_dag(ws)
         force = (lineage.DOWNLOAD,) if refresh_data else ()  # fetch the source again
-        run_stages(
+        downloaded = run_stages(
             ws, {lineage.DOWNLOAD: dag[lineage.DOWNLOAD]}, download_retries, retry_delay_s, force
         )
         now, champion = identity(ws, commit), registry.champion(root)
@@ -203,7 +203,10 @@ def retrain(
             if start.overrides:  # the decision, written once; then each stage runs once
                 apply_params(ws, None, list(start.overrides))
             extra = [*overrides, *start.overrides]
-            candidate = run_experiment(ws, commit, preset, extra, download_retries, retry_delay_s)
+            # the decision writes retrain.* keys only, which the download stage does not read
+            candidate = run_experiment(
+                ws, commit, preset, extra, download_retries, retry_delay_s, done=downloaded
+            )
             run_id = f"retrain flow run {flow_run.get_id()}"
             rules = Rules.of(cfg)
             out.update(

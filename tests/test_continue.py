@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,20 @@ def test_parent_stage_in_scratch_mode_leaves_only_none(tmp_path):
     out = scratch(tmp_path / "p")
     assert out == {"mode": "scratch", "version": None, "chain": []}
     assert [f.name for f in (tmp_path / "p").iterdir()] == [NONE]
+
+
+def test_the_parent_stage_in_scratch_mode_imports_no_torch(tmp_path):
+    """Every retrain runs the stage; one with no parent has no model to read (torch: ~3 s)."""
+    (tmp_path / "params.yaml").write_text("retrain: {mode: scratch}\n")
+    code = (
+        "import sys; from transformer import parent; parent.main(['p', '--params', "
+        "'params.yaml']); print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.splitlines() == ["p: none", "False"]
+    assert (tmp_path / "p" / NONE).is_file()
 
 
 @pytest.mark.slow  # the champion fixture: the stages' CLIs to a package

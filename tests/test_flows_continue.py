@@ -16,6 +16,8 @@ from prefect_fixtures import DVC, sh
 
 from flows import lineage, registry, results
 from flows.dag import locked_outs, read_dag
+from flows.pipeline import prepare
+from flows.retrain import Start, plan
 from flows.workspace import WORKSPACE
 
 GREEK = ["η", "γάτα", "κάθεται", "στο", "χαλί", "και", "κοιτάζει", "έξω", "σπίτι", "δρόμο"]
@@ -99,17 +101,18 @@ def test_continue_promoted_then_each_fallback(
     rows = {r[2]: r for r in results.rows(project)}
     assert rows["v2.0.0"][3] == "v1.0.0" and rows["v1.0.0"][3] == "-"
 
-    # each reason to train from scratch instead, with its reason in the decision
-    # a recipe whose model shape, tokenizer and language pair all differ: each named
+    # a recipe whose model shape, tokenizer and language pair all differ from v2.0.0's (as its
+    # experiment commit recorded them): scratch, each named. The decision alone, on the real
+    # registry and workspace; the scratch run it leads to is the fallback test's
     changes = ["model.d_model=48", "tokenizer.vocab_size=320", "download.tgt_lang=fr"]
-    out = retrain(preset=PRESET, overrides=changes, project=str(project))
-    assert (
-        "trained from scratch: the recipe changed model.d_model 64 -> 48; "
-        "tokenizer.vocab_size 300 -> 320; download.tgt_lang 'de' -> 'fr' since v2.0.0"
-    ) in out["reason"], out["reason"]
-    assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
-    record = registry.record_at(project, out["candidate"]["experiment_commit"])
-    assert record["parent"] is None and "retrain.mode=scratch" in record["overrides"]
+    ws, _ = prepare(project, "HEAD", PRESET, changes)
+    start, _ = plan(project, ws, read_dag(ws), registry.champion(project))
+    assert start == Start(
+        None,
+        "from scratch: the recipe changed model.d_model 64 -> 48; tokenizer.vocab_size 300 -> "
+        "320; download.tgt_lang 'de' -> 'fr' since v2.0.0",
+        ("retrain.mode=scratch",),
+    )
 
 
 @pytest.mark.slow
@@ -137,14 +140,13 @@ def test_continue_falls_back_when_the_new_data_is_new_to_the_tokenizer(
     state = retrain(preset=PRESET, project=str(project), return_state=True)
     out = state.result()
     assert "trained from scratch: v1.0.0's tokenizer leaves" in out["reason"], out["reason"]
-    # decided before any stage but download: each stage ran once (download: forced, then found
-    # up to date by the experiment's run), none twice for the fallback
+    # decided after the download stage and before any other: each stage ran once, none twice
+    # for the fallback
     ran = stage_runs(state.state_details.flow_run_id)
-    assert ran == {**dict.fromkeys(read_dag(ws), 1), "download": 2}, ran
-    assert out["stages"]["download"] == "skipped"
-    assert {s: r for s, r in out["stages"].items() if s != "download"} == dict.fromkeys(
-        [s for s in read_dag(ws) if s != "download"], "ran"
-    )
+    assert ran == dict.fromkeys(read_dag(ws), 1), ran
+    assert out["stages"] == dict.fromkeys(read_dag(ws), "ran")
     assert "more than retrain.max_oov_rate 40.00%" in out["reason"]
     assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
     assert (ws / "data/tokenizer/tokenizer.json").read_bytes() != kept  # a new tokenizer
+    record = registry.record_at(project, out["candidate"]["experiment_commit"])
+    assert record["parent"] is None and "retrain.mode=scratch" in record["overrides"]

@@ -2,8 +2,10 @@
 
 A copy of the project in a temporary git repository, its pipeline locked with `dvc commit` over
 stand-in outputs (what `dvc status` compares against is dvc.lock, not what the stages wrote, so
-nothing needs to train); then each module in turn gets one more line, and `dvc status` must name
-exactly the stages whose entry module imports it (tests/helpers/imports.py reads the imports).
+nothing needs to train); then every module gets one more line, and for each module `dvc status`
+must name it as a changed dependency of exactly the stages whose entry module imports it
+(tests/helpers/imports.py reads the imports). One `dvc status` for all the edits: it lists each
+stage's every changed dependency, which is what an edit of that module alone would make stale.
 """
 
 from __future__ import annotations
@@ -27,12 +29,21 @@ def sh(*cmd: str, cwd: Path) -> str:
     return r.stdout
 
 
-def stale(repo: Path) -> set[str]:
-    """The stages `dvc status` reports as changed (DVC's API: the command's own code)."""
+def changed(repo: Path) -> dict[str, set[str]]:
+    """{stage: the dependencies `dvc status` reports as changed} (DVC's API: the command's own
+    code), for each stage it reports as changed."""
     from dvc.repo import Repo
 
     with Repo(str(repo)) as r:
-        return {name.split(":")[-1] for name in r.status()}
+        return {
+            name.split(":")[-1]: {
+                dep
+                for entry in entries
+                if isinstance(entry, dict)
+                for dep in entry.get("changed deps", {})
+            }
+            for name, entries in r.status().items()
+        }
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +72,7 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict[s
     sh(sys.executable, "-m", "dvc", "commit", "--force", "-q", cwd=repo)
     sh("git", "add", "-A", cwd=repo)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "locked", cwd=repo)
-    assert stale(repo) == set()
+    assert changed(repo) == {}
     runs = {
         name: set().union(
             *(imported_modules(repo, m) for m in re.findall(r"-m (transformer\.\w+)", stage["cmd"]))
@@ -78,18 +89,25 @@ MODULES = sorted(
 )
 
 
-@pytest.mark.slow  # a `dvc status` per module: ~2 s each on a busy machine
-@pytest.mark.parametrize("module", MODULES)
-def test_an_edit_reruns_exactly_the_stages_that_import_the_module(locked, module) -> None:
-    repo, _, runs = locked
-    want = {name for name, files in runs.items() if module in files}
-    path = repo / module
-    text = path.read_text()
-    path.write_text(text + "# an edit\n")
+@pytest.fixture(scope="module")
+def edited(locked) -> dict[str, set[str]]:
+    """Every module edited (one more line): {stage: its changed dependencies}, as DVC sees it."""
+    repo, _, _ = locked
+    texts = {module: (repo / module).read_text() for module in MODULES}
+    for module, text in texts.items():
+        (repo / module).write_text(text + "# an edit\n")
     try:
-        assert stale(repo) == want, f"an edit to {module}"
+        return changed(repo)
     finally:
-        path.write_text(text)
+        for module, text in texts.items():
+            (repo / module).write_text(text)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_an_edit_reruns_exactly_the_stages_that_import_the_module(locked, edited, module) -> None:
+    _, _, runs = locked
+    want = {name for name, files in runs.items() if module in files}
+    assert {stage for stage, deps in edited.items() if module in deps} == want, module
 
 
 def test_the_trainer_and_the_presets_are_no_deps_of_training(locked) -> None:

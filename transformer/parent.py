@@ -23,8 +23,7 @@ from typing import Any
 
 import yaml
 
-from transformer import checkpoint, settings
-from transformer.checkpoint import CheckpointError
+from transformer import settings
 from transformer.files import sha256_file, write_json
 from transformer.sections.retrain import ContinuationConfig, RetrainConfig
 from transformer.sections.train import TrainConfig
@@ -57,6 +56,8 @@ def check(parent_dir: Path, version: str) -> dict[str, Any]:
             "retrain.parent is empty: name the version data/parent holds (the retrain flow "
             "sets it; by hand, after dvc artifacts get . transformer --rev V -o data/parent)"
         )
+    from transformer import checkpoint  # torch: ~3 s to import, which a scratch run never needs
+
     model, tok = parent_dir / MODEL, parent_dir / TOKENIZER
     if not model.is_file():
         raise ParentError(
@@ -67,7 +68,7 @@ def check(parent_dir: Path, version: str) -> dict[str, Any]:
     try:
         ckpt = checkpoint.load(model, mmap=True)
         meta = read_meta(tok)
-    except (CheckpointError, TokenizerError) as e:
+    except (checkpoint.CheckpointError, TokenizerError) as e:
         raise ParentError(str(e)) from None
     sha = tokenizer_sha256(tok)
     if ckpt.get("tokenizer_sha256") not in (None, sha):
@@ -145,6 +146,8 @@ def continuation(parent_dir: Path, cont: ContinuationConfig, tcfg: TrainConfig) 
     """The continuation's schedule from the package in `parent_dir`: its update count (model.pt's
     step plus its ancestors', lineage.json) and its train settings (params.yaml; the recipe's
     where a package has none)."""
+    from transformer import checkpoint
+
     parent_dir = Path(parent_dir)
     step = int(checkpoint.load(parent_dir / MODEL, mmap=True)["step"])
     lineage_path, params_path = parent_dir / LINEAGE, parent_dir / PARAMS
@@ -166,10 +169,12 @@ def continuation(parent_dir: Path, cont: ContinuationConfig, tcfg: TrainConfig) 
 
 def load_parent(parent_dir: Path, tokenizer_sha: str) -> tuple[dict[str, Any], Path]:
     """The parent's weights checkpoint and its path; the tokenizer must be the run's."""
+    from transformer import checkpoint
+
     model = Path(parent_dir) / MODEL
     ckpt = checkpoint.load(model)
     if ckpt.get("tokenizer_sha256") not in (None, tokenizer_sha):
-        raise CheckpointError(
+        raise checkpoint.CheckpointError(
             f"{model}: trained with tokenizer {str(ckpt['tokenizer_sha256'])[:12]}, this run's "
             f"is {tokenizer_sha[:12]} (a continued run keeps the parent's tokenizer)"
         )
