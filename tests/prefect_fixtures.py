@@ -317,7 +317,9 @@ def served(
             proc.log_path = log_path  # type: ignore[attr-defined]
             yield proc
         finally:
-            stop(proc, signal.SIGINT)
+            # as a supervisor stops it (Prefect's runner handles SIGTERM itself); after a failed
+            # run, one SIGINT left it serving until the SIGKILL 30 s later
+            stop(proc, signal.SIGTERM)
 
 
 def deployment_run(
