@@ -1,8 +1,9 @@
 """`python -m transformer.X ARGS` as a process forked from one that has imported torch once.
 
 A train run in these tests costs ~6.5 s of CPU, ~4 s of it importing torch (a /proc sampler of
-the whole suite: 62 runs, 402 s). A multiprocessing forkserver imports `transformer.train` once
-per test process and forks each run from it: the run is a process of its own (its own pid,
+the whole suite: 62 runs, 402 s), and ~2.5 s more importing torch._dynamo (which torch.optim's
+first optimizer imports) and dvclive. A multiprocessing forkserver imports all three once per
+test process and forks each run from it: the run is a process of its own (its own pid,
 signals, exit status and environment, its output in a file), and runs the module as `python -m`
 does (`runpy`, `__name__ == "__main__"`), without starting an interpreter. Tests of what only a
 fresh interpreter shows (torchrun's ranks, the stages under `dvc repro`) start real processes.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 _CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["transformer.train"])
+_CONTEXT.set_forkserver_preload(["transformer.train", "torch._dynamo", "dvclive"])
 
 
 def _child(module: str, argv: list[str], cwd: str, env: dict[str, str], logs: list[str]) -> None:
