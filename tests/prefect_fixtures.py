@@ -317,8 +317,8 @@ def served(
             proc.log_path = log_path  # type: ignore[attr-defined]
             yield proc
         finally:
-            # as a supervisor stops it (Prefect's runner handles SIGTERM itself); after a failed
-            # run, one SIGINT left it serving until the SIGKILL 30 s later
+            # as a supervisor stops it (Prefect's runner handles SIGTERM itself); after
+            # test_flows' scenarios, one SIGINT left it serving until the SIGKILL 30 s later
             stop(proc, signal.SIGTERM)
 
 
