@@ -141,36 +141,48 @@ def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float
     follower = Follower(run_id)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     crashed_since, state = None, "unknown (the server did not answer)"
-    while deadline is None or time.monotonic() < deadline:
-        try:
-            with get_client(sync_client=True) as client:
+    # one client for the whole wait: a new one costs ~50 ms of CPU and asks the server for its
+    # version, which polling would pay every round; after an error httpx connects again
+    with contextlib.ExitStack() as open_client:
+        client = None
+        while deadline is None or time.monotonic() < deadline:
+            try:
+                client = client or open_client.enter_context(get_client(sync_client=True))
                 run = follower.poll(client)
-        except (httpx.HTTPError, OSError) as e:  # the server restarting: not the run's end
-            say(f"the Prefect server did not answer ({e}); trying again")
-            time.sleep(every_s * 5)
-            continue
-        kind, state = run.state.type.value, run.state.name
-        if kind == "CRASHED":
-            crashed_since = crashed_since or time.monotonic()
-            if time.monotonic() - crashed_since < crash_grace_s:
-                kind = None  # the retry automation may reschedule it yet
-        else:
-            crashed_since = None
-        if kind in EXIT:
-            verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
-            with contextlib.suppress(httpx.HTTPError, OSError), get_client(sync_client=True) as c:
-                for line in settled_outcome(c, run):
-                    say(line)
-            if kind != "COMPLETED":
-                failed = list(follower.failed.values())
-                stage = f" in stage {failed[-1]}" if failed else ""
-                # the cause; the stage output's tail: `prefect flow-run inspect ID`
-                verdict += f"{stage}: {(run.state.message or 'no message').splitlines()[0]}"
-            say(verdict)
-            return EXIT[kind]
-        time.sleep(every_s)
+            except (httpx.HTTPError, OSError) as e:  # the server restarting: not the run's end
+                say(f"the Prefect server did not answer ({e}); trying again")
+                time.sleep(every_s * 5)
+                continue
+            kind, state = run.state.type.value, run.state.name
+            if kind == "CRASHED":
+                crashed_since = crashed_since or time.monotonic()
+                if time.monotonic() - crashed_since < crash_grace_s:
+                    kind = None  # the retry automation may reschedule it yet
+            else:
+                crashed_since = None
+            if kind in EXIT:
+                return ended(client, run, follower)
+            time.sleep(every_s)
     say(f"run {run_id} not finished after {timeout_s:.0f} s; still {state}")
     return TIMEOUT
+
+
+def ended(client, run, follower: Follower) -> int:
+    """Print what the ended run decided and its verdict; its exit status."""
+    import httpx
+
+    verdict = f"run {run.name} ended {run.state.name} after {run.run_count} attempt(s)"
+    with contextlib.suppress(httpx.HTTPError, OSError):
+        for line in settled_outcome(client, run):
+            say(line)
+    kind = run.state.type.value
+    if kind != "COMPLETED":
+        failed = list(follower.failed.values())
+        stage = f" in stage {failed[-1]}" if failed else ""
+        # the cause; the stage output's tail: `prefect flow-run inspect ID`
+        verdict += f"{stage}: {(run.state.message or 'no message').splitlines()[0]}"
+    say(verdict)
+    return EXIT[kind]
 
 
 def start(deployment: str, parameters: dict[str, Any]):

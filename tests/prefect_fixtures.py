@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -275,6 +276,8 @@ def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator
             # send this process's pending logs and events while the server is still up
             APILogWorker.drain_all(timeout=15)
             EventsWorker.drain_all(timeout=15)
+            if url in _clients:
+                _clients.pop(url).__exit__(None, None, None)
             stop(proc)
 
 
@@ -358,10 +361,21 @@ def dvc_json(project: Path, *args: str):
     return json.loads(r.stdout)
 
 
-def client():
-    from prefect.client.orchestration import get_client
+_clients: dict[str, Any] = {}  # API URL -> an open sync client
 
-    return get_client(sync_client=True)
+
+@contextlib.contextmanager
+def client() -> Iterator[Any]:
+    """The test process's client of the current server, opened once and kept open: a new
+    client costs ~50 ms of CPU and a version request, which `wait_until` loops paid 5 times a
+    second. prefect_server closes it."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if url not in _clients:
+        _clients[url] = get_client(sync_client=True).__enter__()
+    yield _clients[url]
 
 
 def artifact(run: str, key: str):

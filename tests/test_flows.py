@@ -155,9 +155,11 @@ def flow_run(run: str):
 
 
 def finished(run: str):
-    return wait_until(
-        f"run {run} to finish", lambda: flow_run(run).state.type.value in TERMINAL and flow_run(run)
-    )
+    def ended():
+        read = flow_run(run)
+        return read.state.type.value in TERMINAL and read
+
+    return wait_until(f"run {run} to finish", ended)
 
 
 def logs(run: str) -> str:
