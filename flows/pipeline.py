@@ -281,11 +281,13 @@ def run_experiment(
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
     done: dict[str, str] | None = None,
+    dag: dict[str, Stage] | None = None,
 ) -> dict[str, Any]:
     """The stages in the prepared workspace `ws` (at `commit`, the recipe applied) but those
     `done` already, the experiment saved and published; its record. pipeline() and retrain()
-    share it after their preamble."""
-    dag = read_dag(ws)
+    share it after their preamble; `dag`: the workspace's, if the caller has read it (DVC parses
+    dvc.yaml for each read, ~0.5 s)."""
+    dag = dag or read_dag(ws)
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     # the train stage records it in its checkpoints: a later run that goes on from them (the
     # workspace keeps one set) says from which experiment, at which step

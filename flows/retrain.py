@@ -48,9 +48,9 @@ KEPT = {
 }
 
 
-def identity(ws: Path, commit: str) -> dict[str, Any]:
+def identity(ws: Path, dag: dict[str, Stage]) -> dict[str, Any]:
     """The IDENTITY values of the workspace as it is now (data refreshed, recipe applied)."""
-    snap, dag = lineage.Snapshot(ws), read_dag(ws)
+    snap = lineage.Snapshot(ws)
     return {
         "data_hash": lineage.outs_hash(
             lineage.locked_outs(snap.text("dvc.lock")), dag, lineage.DOWNLOAD
@@ -181,7 +181,7 @@ def retrain(
         downloaded = run_stages(
             ws, {lineage.DOWNLOAD: dag[lineage.DOWNLOAD]}, download_retries, retry_delay_s, force
         )
-        now, champion = identity(ws, commit), registry.champion(root)
+        now, champion = identity(ws, dag), registry.champion(root)
         changed = [k for k in IDENTITY if not champion or champion.get(k) != now[k]]
         out: dict[str, Any] = {
             "retrained": bool(changed),
@@ -205,7 +205,7 @@ def retrain(
             extra = [*overrides, *start.overrides]
             # the decision writes retrain.* keys only, which the download stage does not read
             candidate = run_experiment(
-                ws, commit, preset, extra, download_retries, retry_delay_s, done=downloaded
+                ws, commit, preset, extra, download_retries, retry_delay_s, downloaded, dag
             )
             run_id = f"retrain flow run {flow_run.get_id()}"
             rules = Rules.of(cfg)
