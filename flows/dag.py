@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from transformer.settings import parse_yaml
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def generations(dag: dict[str, Stage]) -> list[list[str]]:
 
 def locked_outs(lock_text: str | None) -> dict[str, dict[str, str]]:
     """{stage: {out path: content hash}} from dvc.lock's text (empty if the pipeline never ran)."""
-    lock = yaml.safe_load(lock_text) if lock_text else None
+    lock = parse_yaml(lock_text) if lock_text else None
     return {
         name: {o["path"]: o.get("md5") or o.get("hash", "") for o in entry.get("outs", [])}
         for name, entry in ((lock or {}).get("stages") or {}).items()

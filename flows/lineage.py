@@ -16,10 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flows.dag import Stage, commit_sha, files_at, locked_outs
 from transformer.metrics import CONTRACT, KEYS, get
+from transformer.settings import parse_yaml
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
@@ -108,7 +107,7 @@ def read_metrics(snap: Snapshot, stage: Stage | None) -> dict[str, Any]:
 def code_hash(lock_text: str | None) -> str | None:
     """One hash of the code the stages ran, as dvc.lock records it: each stage's command and
     DVC's hashes of its code deps (the .py files dvc.yaml lists); None before any run."""
-    lock = (yaml.safe_load(lock_text) if lock_text else None) or {}
+    lock = (parse_yaml(lock_text) if lock_text else None) or {}
     code = sorted(
         (name, entry.get("cmd"), d["path"], d.get("md5") or d.get("hash", ""))
         for name, entry in (lock.get("stages") or {}).items()
@@ -141,7 +140,7 @@ def params_hash(text: str | None) -> str | None:
     """sha256 of params.yaml's content, the sections that do not shape the model left out."""
     if text is None:
         return None
-    params = {k: v for k, v in (yaml.safe_load(text) or {}).items() if k not in NOT_RECIPE}
+    params = {k: v for k, v in (parse_yaml(text) or {}).items() if k not in NOT_RECIPE}
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
 
 

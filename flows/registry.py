@@ -22,13 +22,13 @@ from typing import Any
 # gto at import time, not in a flow run: importing it runs logging.config.dictConfig, which
 # flushes every handler, and Prefect's API log handler then waits for its queue (~2.5 s)
 import gto.api
-import yaml
 from gto.exceptions import ArtifactNotFound
 
 from flows.dag import read_dag
 from flows.lineage import Snapshot, lineage
 from flows.shell import logger
 from flows.workspace import git
+from transformer.settings import parse_yaml
 
 STAGE = "prod"
 
@@ -39,7 +39,7 @@ class RegistryError(RuntimeError):
 
 def artifact(project: Path) -> tuple[str, str]:
     """(name, path) of the one artifact dvc.yaml declares."""
-    arts = (yaml.safe_load((Path(project) / "dvc.yaml").read_text()) or {}).get("artifacts") or {}
+    arts = (parse_yaml((Path(project) / "dvc.yaml").read_text()) or {}).get("artifacts") or {}
     if len(arts) != 1:
         raise RegistryError(
             f"{project}/dvc.yaml: expected one entry under artifacts:, "

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
@@ -37,6 +36,7 @@ from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report, summary
 from flows.shell import apply_params, logger, read_section, run, workspace_lock
 from flows.significance import Rules
+from transformer.settings import parse_yaml
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
 
@@ -150,7 +150,7 @@ def plan(
     theirs = None
     if champion and champion.get("experiment_commit"):
         text = lineage.Snapshot(root, champion["experiment_commit"]).text("params.yaml")
-        theirs = yaml.safe_load(text or "{}")
+        theirs = parse_yaml(text or "{}")
 
     def fit(version: str) -> dict[str, Any]:
         return probe(ws, dag, fetch_parent(root, ws, dag, version))

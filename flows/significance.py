@@ -30,6 +30,7 @@ from flows.dag import read_dag
 from flows.lineage import DOWNLOAD, EVALUATE, Snapshot
 from transformer.files import split_lines
 from transformer.sections.download import DownloadConfig
+from transformer.settings import parse_yaml
 
 EVAL = "eval"  # the package's folder of hypotheses (transformer/package.py)
 
@@ -201,10 +202,9 @@ def scored_sets(project: Path, commit: str, record: dict[str, Any]) -> list[Scor
 def references(project: Path, commit: str, split: str) -> tuple[list[str], str] | None:
     """(the reference lines of `split`, the target language) as the download stage wrote them
     at `commit`; None where they are not at hand."""
-    import yaml
 
     snap = Snapshot(project, commit)
-    params = yaml.safe_load(snap.text("params.yaml") or "{}") or {}
+    params = parse_yaml(snap.text("params.yaml") or "{}") or {}
     tgt = (params.get("download") or {}).get("tgt_lang", DownloadConfig.tgt_lang)
     dag = read_dag(project, rev=commit)
     stage = dag.get(DOWNLOAD)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from tokenizers import normalizers, processors
 from torch import Tensor
 
@@ -36,7 +35,7 @@ from transformer.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
 from transformer.model import Transformer
 from transformer.sections.decode import DecodeConfig
 from transformer.sections.shard import ShardConfig
-from transformer.settings import ConfigError, build
+from transformer.settings import ConfigError, build, parse_yaml
 from transformer.vocab import TokenizerError, load_tokenizer
 
 FORMATS = ("hf", "ctranslate2")
@@ -240,7 +239,7 @@ def read_package(pkg: Path) -> tuple[Transformer, dict[str, Any], dict[str, Any]
         if not (pkg / name).exists():
             raise ExportError(f"{pkg / name}: missing (not a package folder: the package stage's)")
     model = build_model(checkpoint.load(pkg / "model.pt", mmap=True), pkg / "model.pt").eval()
-    params = yaml.safe_load((pkg / "params.yaml").read_text(encoding="utf-8")) or {}
+    params = parse_yaml((pkg / "params.yaml").read_text(encoding="utf-8")) or {}
     lineage = json.loads((pkg / "lineage.json").read_text(encoding="utf-8"))
     exportable(model, lineage)
     return model, params, lineage

@@ -27,7 +27,7 @@ from transformer import settings
 from transformer.files import sha256_file, write_json
 from transformer.sections.retrain import ContinuationConfig, RetrainConfig
 from transformer.sections.train import TrainConfig
-from transformer.settings import ConfigError
+from transformer.settings import ConfigError, parse_yaml
 from transformer.vocab import TokenizerError, read_meta, tokenizer_sha256
 
 MODEL, TOKENIZER, LINEAGE, PARAMS = "model.pt", "tokenizer", "lineage.json", "params.yaml"
@@ -153,7 +153,7 @@ def continuation(parent_dir: Path, cont: ContinuationConfig, tcfg: TrainConfig) 
     lineage_path, params_path = parent_dir / LINEAGE, parent_dir / PARAMS
     try:
         scores = json.loads(lineage_path.read_text()) if lineage_path.is_file() else {}
-        theirs = yaml.safe_load(params_path.read_text()) if params_path.is_file() else {}
+        theirs = parse_yaml(params_path.read_text()) if params_path.is_file() else {}
     except (ValueError, yaml.YAMLError) as e:
         raise ParentError(f"{parent_dir}: unreadable {LINEAGE} or {PARAMS} ({e})") from None
     grand = scores.get("parent") or {}
