@@ -137,9 +137,10 @@ class FloatRateLearner:
         return sums
 
 
-def learner(tcfg: TrainConfig, **kw) -> Learner:
+def learner(tcfg: TrainConfig, n_layers: int = MODEL["n_layers"], **kw) -> Learner:
     torch.manual_seed(0)
-    return Learner(ModelConfig(**MODEL), tcfg, V, None, torch.device("cpu"), "fp32", **kw)
+    cfg = ModelConfig(**{**MODEL, "n_layers": n_layers})
+    return Learner(cfg, tcfg, V, None, torch.device("cpu"), "fp32", **kw)
 
 
 def test_the_tensor_update_is_the_float_update_exactly_in_fp32():
@@ -214,7 +215,9 @@ def test_one_compiled_graph_per_batch_shape_over_epochs():
     s, t = lengths(60, seed=7, longest=12)
     sampler = BatchSampler(s, t, 48, 1, static=True)
     data = pairs(s, t)
-    m = model()
+    # one layer: what the shapes and the loss's guards are is the same at any depth, and each
+    # layer costs each trace (the compile, not the steps, is these tests' time)
+    m = model(n_layers=1)
     loss_fn = compile_model(WithLoss(m), "aot_eager", dynamic=False)
     shapes = set()
     with dynamo_counters() as counters:
@@ -245,7 +248,9 @@ def test_the_dynamic_compiled_update_is_one_graph_over_a_dozen_shapes():
         one.setdefault(sampler.shape, collate([data[i] for i in idx], sampler.shape))
     assert len(one) == sampler.stats["batch_shapes"] >= 12
     with dynamo_counters() as counters:
-        le = learner(TrainConfig(), static=True, compile=True, compile_backend="aot_eager")
+        le = learner(
+            TrainConfig(), n_layers=1, static=True, compile=True, compile_backend="aot_eager"
+        )
         for b in [*one.values()] * 2:
             le.step([b], float(n_targets(b)), 1e-3)
         assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
