@@ -80,10 +80,14 @@ def test_every_section_writes_finite_figures(check):
     assert positive(dec["ours_fp32"]["sentences_per_s"]) and positive(
         dec["ours_fp32"]["tokens_per_s"]
     )
-    if HF:
-        assert positive(r["ratios"]["decode"]["tiny"]["ours_fp32/hf_generate_fp32"])
-        # our weights in Marian's layout, the same batches and lengths: the same search
-        assert dec["workload"]["same_hypotheses_as_hf"] >= 0.9
+    if HF:  # against HF at the check's precision: bf16 where the CPU has it (AVX-512 BF16, AMX)
+        low = {"bfloat16": "bf16", "float32": "fp32"}[r["meta"]["precision"]]
+        assert positive(r["ratios"]["decode"]["tiny"][f"ours_{low}/hf_generate_{low}"])
+        # our weights in Marian's layout, the same batches and lengths: the same search; in
+        # bf16 each side's kernels round differently, which flips near-tied beams of this
+        # untrained model (21 of 24 alike on an AMX host; 0.97 of 3,003 on an H100)
+        same = dec["workload"]["same_hypotheses_as_hf"]
+        assert same >= (0.9 if low == "fp32" else 0.75), (low, same)
     for name in ("ours", "ours_eager"):  # the train stage's update, as the profiler sees it
         prof = r["profile"]["tiny"][name]
         assert positive(prof["wall_s"]) and prof["aten_ops_per_update"] > 100
