@@ -395,17 +395,29 @@ def artifact(run: str, key: str):
 
 
 def run_logs(run: str) -> list[str]:
-    """Every log line of flow run `run`, as Prefect stored them."""
+    """Every log line of flow run `run`, as Prefect stored them: all of them once it ended."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
 
-    out, offset = [], 0
+    # Logs reach the server in batches (every 2 s) after the state that ends a run: a flow run
+    # in this process hands its unsent ones over here; a served run's process sends them as it
+    # exits, after the engine's last line, "Finished in state ...", where the engine set the
+    # state itself (Completed, Failed; not a runner's Crashed or Cancelled).
+    APILogWorker.drain_all(timeout=5)
     with client() as c:
-        while batch := c.read_logs(
-            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run])), limit=200, offset=offset
-        ):
-            out += [log.message for log in batch]
-            offset += len(batch)
-    return out
+        by_engine = c.read_flow_run(run).state.type.value in ("COMPLETED", "FAILED")
+
+        def stored() -> tuple[list[str]] | None:
+            logs, offset, where = [], 0, LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run]))
+            while batch := c.read_logs(where, limit=200, offset=offset):
+                logs += batch
+                offset += len(batch)
+            last = [
+                x for x in logs if x.task_run_id is None and x.message.startswith("Finished in")
+            ]
+            return ([x.message for x in logs],) if last or not by_engine else None
+
+        return wait_until(f"the last log line of run {run}", stored, timeout=60)[0]
 
 
 def wait_until(what: str, check, timeout: float = 600.0):
