@@ -7,9 +7,12 @@ Without torchrun it is one process with no process group, and every helper is a 
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -93,6 +96,28 @@ def destroy() -> None:
     if is_dist():
         dist.destroy_process_group()  # every group, the gloo one beside NCCL too
     _host_group = None
+
+
+def run(main: Callable[[], None]) -> NoReturn:
+    """main() as a program, ending with the status its sys.exit gives (0 when it returns). One
+    of several ranks ends without the interpreter's finalization: a gloo thread still releasing
+    a collective's tensors then takes the GIL and aborts the process after a finished run
+    ("terminate called without an active exception": pytorch/pytorch#190489). Other
+    exceptions propagate as usual."""
+    try:
+        main()
+        code: Any = 0
+    except SystemExit as e:
+        code = e.code
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        sys.exit(code)
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

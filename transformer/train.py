@@ -380,4 +380,4 @@ if __name__ == "__main__":
     # process whose stderr may have no file: a rank killed by a fatal signal (a C++ abort, a
     # segfault) prints each thread's Python stack, where torchrun's summary names the signal
     faulthandler.enable()
-    main()
+    dist.run(main)
