@@ -32,7 +32,7 @@ tdist.run(main)
 @pytest.mark.slow  # torchrun with two gloo ranks
 def test_a_rank_ends_with_its_own_status_while_gloo_threads_finish(tmp_path):
     """Ended by the interpreter's finalization, each such rank aborts ("terminate called
-    without an active exception", SIGABRT: a gloo thread takes the GIL too late; 10 of 10
+    without an active exception", SIGABRT: a gloo thread takes the GIL too late; 13 of 13
     runs); through dist.run, rank 0 exits 0 and rank 1 prints its message and exits 1."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
