@@ -50,6 +50,9 @@ def test_graphs_warm_up_capture_on_the_third_sight_then_replay_into_the_same_buf
 
 
 def test_a_dropped_learner_is_freed_without_a_garbage_collection():
+    # a process's first Adam imports torch modules lazily, and torch.fx.wrap, run by one of
+    # them, keeps the frames that imported it (Learner.__init__'s too) in a reference cycle
+    cpu_learner(True)
     gc.collect()
     gc.disable()
     try:

@@ -100,10 +100,10 @@ def destroy() -> None:
 
 def run(main: Callable[[], None]) -> NoReturn:
     """main() as a program, ending with the status its sys.exit gives (0 when it returns). One
-    of several ranks ends without the interpreter's finalization: a gloo thread still releasing
-    a collective's tensors then takes the GIL and aborts the process after a finished run
-    ("terminate called without an active exception": pytorch/pytorch#190489). Other
-    exceptions propagate as usual."""
+    of several ranks ends without the interpreter's finalization, where a gloo thread still
+    releasing a collective's tensors would take the GIL and abort a finished run ("terminate
+    called without an active exception": pytorch/pytorch#190489). Other exceptions propagate
+    as usual."""
     try:
         main()
         code: Any = 0
