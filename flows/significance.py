@@ -202,7 +202,6 @@ def scored_sets(project: Path, commit: str, record: dict[str, Any]) -> list[Scor
 def references(project: Path, commit: str, split: str) -> tuple[list[str], str] | None:
     """(the reference lines of `split`, the target language) as the download stage wrote them
     at `commit`; None where they are not at hand."""
-
     snap = Snapshot(project, commit)
     params = parse_yaml(snap.text("params.yaml") or "{}") or {}
     tgt = (params.get("download") or {}).get("tgt_lang", DownloadConfig.tgt_lang)

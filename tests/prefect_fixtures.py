@@ -412,9 +412,7 @@ def run_logs(run: str) -> list[str]:
             while batch := c.read_logs(where, limit=200, offset=offset):
                 logs += batch
                 offset += len(batch)
-            last = [
-                x for x in logs if x.task_run_id is None and x.message.startswith("Finished in")
-            ]
+            last = any(x.task_run_id is None and x.message.startswith("Finished in") for x in logs)
             return ([x.message for x in logs],) if last or not by_engine else None
 
         return wait_until(f"the last log line of run {run}", stored, timeout=60)[0]
