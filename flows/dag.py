@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer.settings import parse_yaml
+from transformer.core.settings import parse_yaml
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A record is read from a `Snapshot`: the files of a project as they are in a folder (the run
 workspace after a run) or as a commit holds them (an experiment, a champion), DVC-tracked
 metrics included. The evaluate, shard and parent stages' values are read at the exact key paths
-transformer/metrics.py names, the contract with the stages that write them; a missing one is a
+transformer/core/metrics.py names, the contract with the stages that write them; a missing one is a
 MetricsError naming the file and the key.
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from flows.dag import Stage, commit_sha, files_at, locked_outs
-from transformer.metrics import CONTRACT, KEYS, get
-from transformer.settings import parse_yaml
+from transformer.core.layout import NOT_PACKAGED
+from transformer.core.metrics import CONTRACT, KEYS, get
+from transformer.core.settings import parse_yaml
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
-NOT_RECIPE = ("retrain",)  # params.yaml sections that do not shape the model
 
 # evaluate's values that metrics written by older versions of the stage may lack: the record
 # falls back to the manifest's and DVC's hashes (test_set_hash, lineage)
@@ -87,7 +87,7 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def value(snap: Snapshot, stage: Stage, field: str, flat: dict[str, Any] | None = None) -> Any:
-    """`field` of the contract (transformer/metrics.py) from `stage`'s metrics files, by its
+    """`field` of the contract (transformer/core/metrics.py) from `stage`'s metrics files, by its
     exact key; MetricsError naming the files and the key when it is not there."""
     flat = read_metrics(snap, stage) if flat is None else flat
     return get(flat, CONTRACT[stage.name], field, ", ".join(stage.metrics))
@@ -137,10 +137,11 @@ def code_now(ws: Path) -> str:
 
 
 def params_hash(text: str | None) -> str | None:
-    """sha256 of params.yaml's content, the sections that do not shape the model left out."""
+    """sha256 of params.yaml's content as a package keeps it: the sections about how the flows
+    retrain a model left out (NOT_PACKAGED: the gate's settings, a retrain's own decision)."""
     if text is None:
         return None
-    params = {k: v for k, v in (parse_yaml(text) or {}).items() if k not in NOT_RECIPE}
+    params = {k: v for k, v in (parse_yaml(text) or {}).items() if k not in NOT_PACKAGED}
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
 
 

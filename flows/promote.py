@@ -32,7 +32,7 @@ from prefect.runtime import flow_run
 from flows import registry, significance
 from flows.shell import logger, read_section, workspace_lock
 from flows.workspace import WorkspaceError, git
-from transformer.settings import ConfigError
+from transformer.core.settings import ConfigError
 
 COMPARABLE = ("split", "test_sha256", "bleu_signature")
 REFUSED = 3  # the command's exit status when the gate keeps the champion (1: an error)

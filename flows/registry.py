@@ -28,7 +28,7 @@ from flows.dag import read_dag
 from flows.lineage import Snapshot, lineage
 from flows.shell import logger
 from flows.workspace import git
-from transformer.settings import parse_yaml
+from transformer.core.settings import parse_yaml
 
 STAGE = "prod"
 

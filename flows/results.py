@@ -31,7 +31,7 @@ from typing import Any
 from flows import registry
 from flows.dag import Stage, read_dag
 from flows.lineage import EVALUATE, PARENT, Snapshot, flatten
-from transformer.metrics import KEYS
+from transformer.core.metrics import KEYS
 
 TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")

@@ -11,7 +11,7 @@ into the parent stage's folder (dvc.yaml), its tokenizer kept, its weights train
 `retrain.continuation`. It trains from scratch instead, saying why in the decision, when there is
 no champion, when the recipe changed the model's shape, the tokenizer's settings or the language
 pair, or when the champion's tokenizer leaves more than `retrain.max_oov_rate` of the new data's
-words to single bytes (measured where it first meets the new data: `python -m transformer.vocab
+words to single bytes (measured where it first meets the new data: `python -m transformer.data.vocab
 fit`, before any stage but download). The flow decides first (`decide_start`, pure), writes the
 decision into params.yaml once, then runs each stage once.
 """
@@ -36,13 +36,15 @@ from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report, summary
 from flows.shell import apply_params, logger, read_section, run, workspace_lock
 from flows.significance import Rules
-from transformer.settings import parse_yaml
+from transformer.core.layout import TOKENIZER
+from transformer.core.sections.model import WEIGHT_KEYS
+from transformer.core.settings import parse_yaml
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
 
 # params that must be the champion's for its weights and tokenizer to fit the recipe
 KEPT = {
-    "model": ("d_model", "d_ff", "n_heads", "n_layers", "pre_ln", "tie_embeddings", "output_vocab"),
+    "model": WEIGHT_KEYS,  # the model's, as a checkpoint is loaded only into one that has them
     "tokenizer": ("type", "vocab_size", "min_frequency"),
     "download": ("src_lang", "tgt_lang"),
 }
@@ -92,7 +94,7 @@ def probe(ws: Path, dag: dict[str, Stage], parent: Path) -> dict[str, Any]:
     dl = read_section(ws, "download")
     (raw,) = [o for o in dag[lineage.DOWNLOAD].outs if o not in dag[lineage.DOWNLOAD].metrics]
     files = [f"{raw}/train.{dl[k]}" for k in ("src_lang", "tgt_lang")]
-    cmd = [sys.executable, "-m", "transformer.vocab", "fit", str(parent / "tokenizer"), *files]
+    cmd = [sys.executable, "-m", "transformer.data.vocab", "fit", str(parent / TOKENIZER), *files]
     return json.loads(run(cmd, ws, "the champion's tokenizer on the new data")[-1])
 
 
@@ -144,7 +146,7 @@ def plan(
 ) -> tuple[Start, dict[str, Any]]:
     """The decision on what is known after the download stage (the champion's package fetched
     only to measure its tokenizer's fit), and the retrain section as the workspace reads it."""
-    from transformer.settings import read_params
+    from transformer.core.settings import read_params
 
     cfg = read_section(ws, "retrain")
     theirs = None

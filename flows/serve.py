@@ -108,7 +108,7 @@ def recipe_args(
     against params.yaml's schema (a typo fails here, not at 03:00 on Monday), and a default DVC
     remote required unless --local-only (a champion no other clone can fetch is a surprise)."""
     from flows.shell import check_override
-    from transformer.config import ConfigError
+    from transformer.core.settings import ConfigError
 
     parser = argparse.ArgumentParser(
         prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -35,7 +35,7 @@ TRANSIENT = re.compile(
     # command and "exited with 137" (128 + 9) when a shell waited for it; torchrun "exitcode : -9"
     r"exited with (-(9|15)|137|143)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
 )
-# the train stage's "preempted, resume me" (transformer/preempt.py: SIGTERM / SIGUSR1 to it, or
+# the train stage's "preempted, resume me" (transformer/training/preempt.py: SIGTERM / SIGUSR1 to it, or
 # a cancelled run's stop): it saved the update in progress, and --resume goes on from it
 PREEMPTED = 75
 EXITED_PREEMPTED = re.compile(rf"exited with {PREEMPTED}\b")
@@ -301,7 +301,7 @@ def dvc(*args: str, cwd: Path, what: str = "") -> list[str]:
 def config(project: Path, *args: str) -> list[str]:
     """`python -m transformer.config ARGS` in `project` (a run workspace: the code of the run's
     revision, not this process's, decides); its output, or a ConfigError with its message."""
-    from transformer.settings import ConfigError
+    from transformer.core.settings import ConfigError
 
     try:
         return run(
@@ -341,7 +341,7 @@ def check_override(override: str) -> None:
     Hydra would refuse it too, but with a hint to add it (`+train.max_step=...`), which the
     stages would then refuse as an unknown key.
     """
-    from transformer.config import check_key
+    from transformer.core.presets import check_key
 
     check_key(override.split("=", 1)[0].lstrip("+~"), f"override {override!r}")
 

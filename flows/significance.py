@@ -28,23 +28,23 @@ from typing import Any
 from flows import registry
 from flows.dag import read_dag
 from flows.lineage import DOWNLOAD, EVALUATE, Snapshot
-from transformer.files import split_lines
-from transformer.sections.download import DownloadConfig
-from transformer.settings import parse_yaml
-
-EVAL = "eval"  # the package's folder of hypotheses (transformer/package.py)
+from transformer.core.files import split_lines
+from transformer.core.layout import EVAL
+from transformer.core.sections.download import DownloadConfig
+from transformer.core.sections.retrain_flow import RetrainFlowConfig
+from transformer.core.settings import parse_yaml
 
 
 @dataclass(frozen=True)
 class Rules:
     """The gate's settings (params.yaml retrain: margin, alpha, max_chrf_drop,
-    bootstrap_samples, bootstrap_seed; transformer/sections/retrain_flow.py)."""
+    bootstrap_samples, bootstrap_seed), defaulting to the section's own (RetrainFlowConfig)."""
 
-    margin: float = 0.0
-    alpha: float = 0.05
-    max_chrf_drop: float = 1.0
-    samples: int = 1000
-    seed: int = 12345
+    margin: float = RetrainFlowConfig.margin
+    alpha: float = RetrainFlowConfig.alpha
+    max_chrf_drop: float = RetrainFlowConfig.max_chrf_drop
+    samples: int = RetrainFlowConfig.bootstrap_samples
+    seed: int = RetrainFlowConfig.bootstrap_seed
 
     @classmethod
     def of(cls, retrain: dict[str, Any]) -> Rules:

@@ -46,8 +46,8 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def load_benchmark():
-    """benchmarks/NAME.py as the module benchmarks.NAME (pytest puts the checkout on sys.path:
-    pyproject.toml's `pythonpath`)."""
+    """benchmarks/GROUP/NAME.py as the module benchmarks.GROUP.NAME, asked for as "GROUP.NAME"
+    (pytest puts the checkout on sys.path: pyproject.toml's `pythonpath`)."""
     return lambda name: importlib.import_module(f"benchmarks.{name}")
 
 

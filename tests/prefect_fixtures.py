@@ -197,11 +197,11 @@ def make_toy(path: Path) -> Path:
     demo["train"]["max_steps"] = 600
     (path / "presets/demo.yaml").write_text(yaml.safe_dump(demo))
     (path / "transformer").mkdir()
-    for name in ("__init__.py", "config.py", "settings.py", "files.py", "metrics.py"):
+    for name in ("__init__.py", "config.py"):  # the params CLI and the torch-free core it reads
         shutil.copy(ROOT / "transformer" / name, path / "transformer" / name)
     shutil.copytree(
-        ROOT / "transformer/sections",
-        path / "transformer/sections",
+        ROOT / "transformer/core",
+        path / "transformer/core",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
     (path / "toy.py").write_text(TOY_STAGES)

@@ -9,10 +9,10 @@ import yaml
 
 from transformer import average
 from transformer.average import AverageError, average_checkpoints, select_checkpoints
-from transformer.checkpoint import build_model
-from transformer.model import Transformer
-from transformer.sections.average import AverageConfig
-from transformer.sections.model import ModelConfig
+from transformer.core.sections.average import AverageConfig
+from transformer.core.sections.model import ModelConfig
+from transformer.model.checkpoint import build_model
+from transformer.model.network import Transformer
 
 CFG = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
 

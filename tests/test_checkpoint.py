@@ -9,10 +9,10 @@ import pickle
 import pytest
 import torch
 
-from transformer import checkpoint
-from transformer.checkpoint import CheckpointError
-from transformer.model import Transformer
-from transformer.sections.model import ModelConfig
+from transformer.core.sections.model import ARCH_KEYS, WEIGHT_KEYS, ModelConfig
+from transformer.model import checkpoint
+from transformer.model.checkpoint import CheckpointError
+from transformer.model.network import Transformer
 
 
 def make_ckpt(**cfg_kw) -> tuple[Transformer, dict]:
@@ -120,3 +120,23 @@ def test_bad_stored_config_and_listing(tmp_path):
         "step_00000030.pt",
         "step_00000100.pt",
     ]
+
+
+def test_each_model_field_is_a_weight_key_or_leaves_the_weights_loadable(tmp_path):
+    """WEIGHT_KEYS (the one list: a continued retrain keeps them, flows/retrain.py KEPT) are the
+    fields a checkpoint loads only into a model that shares; every other field may differ.
+    ARCH_KEYS, checked on model_config, are all but output_vocab, which the weights carry."""
+    others = {f.name for f in dataclasses.fields(ModelConfig)} - set(WEIGHT_KEYS)
+    assert others == {"dropout", "attention_dropout", "activation_dropout", "max_positions"}
+    assert checkpoint.ARCH_KEYS is ARCH_KEYS
+    assert set(WEIGHT_KEYS) - set(ARCH_KEYS) == {"output_vocab"}
+    _, ckpt = make_ckpt()
+    path = tmp_path / "m.pt"
+    for k, v in {"dropout": 0.3, "attention_dropout": 0.2, "max_positions": 64}.items():
+        model, _ = make_ckpt(**{k: v})
+        checkpoint.load_weights(model, ckpt, path)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, output_vocab="target")
+    target = Transformer(cfg, 30, torch.arange(4, 20))
+    with pytest.raises(CheckpointError, match=r"m\.pt: model\.output_ids is missing"):
+        checkpoint.load_weights(target, ckpt, path)

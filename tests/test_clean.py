@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from transformer.clean import Counts, HashSet, hashes, normalize, pair_filter
-from transformer.sections.download import CleanConfig
+from transformer.core.sections.download import CleanConfig
+from transformer.data.clean import Counts, HashSet, hashes, normalize, pair_filter
 
 
 def test_normalize_steps():

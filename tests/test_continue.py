@@ -15,9 +15,10 @@ import yaml
 from helpers import forked
 
 from flows.retrain import unfit
-from transformer import config
-from transformer.parent import NONE, ParentError, check, scratch
-from transformer.vocab import load_tokenizer
+from transformer.core import presets
+from transformer.data.vocab import load_tokenizer
+from transformer.parent import NONE, check, scratch
+from transformer.training.continuation import ParentError
 
 
 def cli(module: str, *args: str | Path) -> str:
@@ -28,7 +29,7 @@ def cli(module: str, *args: str | Path) -> str:
 
 
 def params(path: Path, **sections: dict) -> Path:
-    p = config.preset_params("demo")
+    p = presets.preset_params("demo")
     p["download"]["synthetic"].update(train=300, valid=20, test=20)
     p["tokenizer"]["vocab_size"] = 300
     p["model"].update(d_model=32, d_ff=64, n_layers=1)
@@ -36,7 +37,7 @@ def params(path: Path, **sections: dict) -> Path:
     p["average"]["last_k"] = 2
     p["decode"]["beam_size"] = 1
     for name, values in sections.items():
-        p[name] = config.merge(p[name], values)
+        p[name] = presets.merge(p[name], values)
     path.write_text(yaml.safe_dump(p))
     return path
 
@@ -209,9 +210,9 @@ def test_the_continuations_rate_never_exceeds_the_champions_last_by_more_than_it
     scale, its update count), re-warmed from 0: never above lr_factor x its last rate, whatever
     the model size or where the champion stopped (the fixed warmup 50 / scale 0.5 it replaces
     climbed to 2.7x on the demo and undid the champion's training)."""
-    from transformer.parent import Continuation
-    from transformer.sections.train import TrainConfig
+    from transformer.core.sections.train import TrainConfig
     from transformer.train import rate
+    from transformer.training.continuation import Continuation
 
     tcfg = TrainConfig()
     for updates, warmup, d_model, factor in [
@@ -233,9 +234,9 @@ def test_the_continuations_rate_never_exceeds_the_champions_last_by_more_than_it
 def test_a_continuation_trains_at_its_champions_rate(champion, tmp_path):
     """From a real package: its steps and the train settings it was trained with; the stage's
     logged rates stay under the champion's last one."""
-    from transformer.parent import continuation
-    from transformer.sections.retrain import ContinuationConfig
-    from transformer.sections.train import TrainConfig
+    from transformer.core.sections.retrain import ContinuationConfig
+    from transformer.core.sections.train import TrainConfig
+    from transformer.training.continuation import continuation
 
     raw, pkg = champion
     c = continuation(pkg, ContinuationConfig(), TrainConfig(warmup_steps=1, lr_scale=9.0))

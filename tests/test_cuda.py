@@ -3,7 +3,7 @@ shapes) and in fp16 with gradient scaling (eager), the captured update = the eag
 compiled loss inside the graphs, updates that never wait for the GPU, decoding on the GPU as on
 the CPU, and the fused output loss there.
 
-benchmarks/gpu_check.py runs this file on a lent GPU with `pytest --noconftest`: that machine
+benchmarks/gpu/check.py runs this file on a lent GPU with `pytest --noconftest`: that machine
 has no Prefect, DVC, Babel or num2words, so nothing here needs tests/conftest.py, and the corpus
 is written as raw text (not the synthetic download) before the real tokenizer and shard stages.
 """
@@ -21,17 +21,20 @@ from helpers.decode import copy_model, model_files, sources, translate_file  # n
 from helpers.train import MODEL, TRAIN, kill_and_resume, write_params
 from torch.profiler import ProfilerActivity, profile
 
-from transformer import checkpoint, ops, precision, shard, tokenizer, train
-from transformer.beam import beam_search, translate_ids
-from transformer.clock import Clock
-from transformer.config import DecodeConfig, ModelConfig, TrainConfig
-from transformer.data import BatchSampler, load_split
-from transformer.incremental import Decoder
-from transformer.learner import update_text
-from transformer.losses import LossSums
-from transformer.model import Transformer
-from transformer.ops import output_loss
-from transformer.vocab import load_tokenizer
+from transformer import shard, tokenizer, train
+from transformer.core.sections.decode import DecodeConfig
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.data.batches import BatchSampler, load_split
+from transformer.data.vocab import load_tokenizer
+from transformer.model import checkpoint, ops, precision
+from transformer.model.beam import beam_search, translate_ids
+from transformer.model.incremental import Decoder
+from transformer.model.network import Transformer
+from transformer.model.ops import output_loss
+from transformer.training.clock import Clock
+from transformer.training.learner import update_text
+from transformer.training.losses import LossSums
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 WORDS = [

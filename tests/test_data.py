@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.data import Batch, BatchSampler, DataError, _pack, collate
-from transformer.ids import BOS_ID, EOS_ID, PAD_ID
+from transformer.core.ids import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.batches import Batch, BatchSampler, DataError, _pack, collate
 
 
 def _lens(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

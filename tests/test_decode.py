@@ -8,16 +8,17 @@ import pytest
 import torch
 from helpers.decode import LINES, V, empty_params, translate_file
 
-from transformer import checkpoint, decode
-from transformer.beam import beam_search, candidates, topk_rows, translate_ids
-from transformer.decode import DecodeError, Decoder, load_translator
-from transformer.ids import EOS_ID
-from transformer.incremental import Ensemble
-from transformer.model import Transformer
-from transformer.precision import native_bf16
-from transformer.sections.decode import DecodeConfig
-from transformer.sections.model import ModelConfig
-from transformer.settings import ConfigError
+from transformer import decode
+from transformer.core.ids import EOS_ID
+from transformer.core.sections.decode import DecodeConfig
+from transformer.core.sections.model import ModelConfig
+from transformer.core.settings import ConfigError
+from transformer.model import checkpoint
+from transformer.model.beam import beam_search, candidates, topk_rows, translate_ids
+from transformer.model.incremental import Decoder, Ensemble
+from transformer.model.network import Transformer
+from transformer.model.precision import native_bf16
+from transformer.model.translator import DecodeError, load_translator
 
 
 def naive_greedy(model, src: torch.Tensor, max_len: int) -> list[list[int]]:
@@ -297,7 +298,7 @@ def test_candidate_scores_are_log_probabilities():
 
 @pytest.mark.parametrize("capacity", [1, 3, 16])
 def test_self_cache_grows_and_follows_beams_like_concatenation(capacity):
-    from transformer.incremental import SelfCache
+    from transformer.model.incremental import SelfCache
 
     gen = torch.Generator().manual_seed(capacity)
     cache, ref_k, ref_v = SelfCache(capacity), torch.zeros(6, 2, 0, 4), torch.zeros(6, 2, 0, 4)

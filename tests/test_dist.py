@@ -1,4 +1,4 @@
-"""transformer/dist.py: how a rank's process ends."""
+"""transformer/core/dist.py: how a rank's process ends."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ RANKS = """
 import sys
 import torch
 import torch.distributed as dist
-from transformer import dist as tdist
+from transformer.core import dist as tdist
 
 def main():
     dist.init_process_group("gloo")

@@ -17,10 +17,11 @@ import pytest
 import yaml
 from helpers.download import SGM, TGZ, Server, hub_replica, local, run_cli, tarball, wmt_cfg, write
 
-from transformer import download, wmt
-from transformer.files import sha256_file
-from transformer.sections.download import DownloadConfig, SourceSpec
-from transformer.wmt import SourceError
+from transformer import download
+from transformer.core.files import sha256_file
+from transformer.core.sections.download import DownloadConfig, SourceSpec
+from transformer.data import wmt
+from transformer.data.wmt import SourceError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -466,7 +467,7 @@ def test_noisy_wmt_sample_and_newstest(tmp_path):
 
 
 def test_atomic_dir_leaves_one_folder_even_after_a_kill_between_renames(tmp_path):
-    from transformer.files import atomic_dir
+    from transformer.core.files import atomic_dir
 
     stale = tmp_path / ".raw.old"  # what a kill between the two renames leaves, raw missing
     stale.mkdir()

@@ -13,16 +13,19 @@ from helpers.graphs import cpu_learner
 from helpers.static import MODEL, V, lengths, pairs
 from helpers.train import corpus, kill_and_resume, run, write_params  # noqa: F401
 
-from transformer import average, checkpoint, ema
+from transformer import average
 from transformer.average import AverageError, average_checkpoints
-from transformer.config import ModelConfig, TrainConfig
-from transformer.data import BatchSampler, collate, load_split
-from transformer.learner import Learner, n_targets
-from transformer.model import Transformer
-from transformer.sections.average import AverageConfig
-from transformer.settings import ConfigError
-from transformer.validate import validate
-from transformer.vocab import tokenizer_sha256
+from transformer.core.sections.average import AverageConfig
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.core.settings import ConfigError
+from transformer.data.batches import BatchSampler, collate, load_split
+from transformer.data.vocab import tokenizer_sha256
+from transformer.model import checkpoint
+from transformer.model.network import Transformer
+from transformer.training import ema
+from transformer.training.learner import Learner, n_targets
+from transformer.training.validation import validate
 
 
 def learner(precision: str = "fp32") -> Learner:

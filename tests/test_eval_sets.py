@@ -9,12 +9,13 @@ import pytest
 from helpers.download import TGZ, Server, hub_replica, local, run_cli, wmt_cfg, write
 from sacrebleu.dataset import DATASETS
 
-from transformer import config, wmt
-from transformer.evaluate import read_split
-from transformer.sections.download import DownloadConfig
-from transformer.sections.shard import ShardConfig
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.settings import ConfigError
+from transformer.core import presets
+from transformer.core.sections.download import DownloadConfig
+from transformer.core.sections.shard import ShardConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.core.settings import ConfigError
+from transformer.data import wmt
+from transformer.model.scoring import read_split
 from transformer.shard import shard
 from transformer.tokenizer import build
 
@@ -178,7 +179,7 @@ def test_an_eval_value_with_a_line_break_is_an_error_unless_normalized(tmp_path)
 # ----------------------------------------------------------------------------- hf switch
 @pytest.mark.parametrize("preset", ["wmt14-en-de-base", "wmt14-en-de-big"])
 def test_source_hf_alone_switches_a_wmt14_preset_to_the_hub_copy(tmp_path, caplog, preset):
-    section = config.preset_params(preset)["download"]
+    section = presets.preset_params(preset)["download"]
     section |= {
         "source": "hf",
         "hf_path": str(hub_replica(tmp_path / "hub")),

@@ -12,11 +12,12 @@ from helpers.evaluate import LINES
 
 from flows.dag import Stage
 from flows.lineage import Snapshot, flatten, lineage
-from transformer import average, checkpoint, evaluate
-from transformer.evaluate import TOK_BLEU, score, tokenize_compound_split
-from transformer.files import sha256_file
-from transformer.metrics import KEYS
-from transformer.vocab import tokenizer_sha256
+from transformer import average, evaluate
+from transformer.core.files import sha256_file
+from transformer.core.metrics import KEYS
+from transformer.data.vocab import tokenizer_sha256
+from transformer.model import checkpoint
+from transformer.model.scoring import TOK_BLEU, score, tokenize_compound_split
 
 
 def sacrebleu_cli(ref: Path, hyp: Path, *extra: str) -> dict:
@@ -102,7 +103,7 @@ def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
     assert m["lineage"]["averaged_steps"] == [1, 2]
     assert m["lineage"]["tokenizer_sha256"] == tokenizer_sha256(d / "tokenizer")
     assert m["bleu"] == sacrebleu_cli(d / "raw" / "test.de", hyps, "-m", "bleu")["score"]
-    # the contract with the flows: every value they read is where transformer/metrics.py says
+    # the contract with the flows: every value they read is where transformer/core/metrics.py says
     flat = flatten(m)
     assert {f: flat.get(path) is not None for f, path in KEYS.items()} == dict.fromkeys(KEYS, True)
     record = lineage(

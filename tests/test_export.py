@@ -12,14 +12,15 @@ import pytest
 import torch
 import yaml
 
-from transformer import checkpoint, export, package
-from transformer.beam import translate_ids
-from transformer.decode import load_translator
-from transformer.files import sha256_file
-from transformer.model import Transformer
+from transformer import export, package
+from transformer.core.files import sha256_file
+from transformer.core.sections.decode import DecodeConfig
+from transformer.core.sections.model import ModelConfig
+from transformer.model import checkpoint
+from transformer.model.beam import translate_ids
+from transformer.model.network import Transformer
+from transformer.model.translator import load_translator
 from transformer.package import PackageError
-from transformer.sections.decode import DecodeConfig
-from transformer.sections.model import ModelConfig
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 transformers = pytest.importorskip("transformers")

@@ -242,7 +242,8 @@ def test_the_scored_split_is_what_lineage_hashes() -> None:
 
 
 def test_overrides_are_applied_and_a_typo_changes_nothing(tmp_path) -> None:
-    from transformer.config import ConfigError, load_all, write_preset
+    from transformer.core.presets import load_all, write_preset
+    from transformer.core.settings import ConfigError
 
     params = tmp_path / "params.yaml"
     write_preset("demo", params)

@@ -20,7 +20,7 @@ from prefect_fixtures import client, git_init, run_logs
 
 from flows.dag import read_dag
 from flows.pipeline import run_stages
-from transformer import checkpoint
+from transformer.model import checkpoint
 
 STEPS, EVERY = 20, 5
 

@@ -31,7 +31,7 @@ from prefect_fixtures import (
 )
 
 from flows.workspace import WORKSPACE
-from transformer import checkpoint
+from transformer.model import checkpoint
 
 TINY = [
     "download.synthetic.train=300",

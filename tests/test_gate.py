@@ -7,6 +7,7 @@ test_flows_continue's continuation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -22,8 +23,8 @@ from flows import registry, results
 from flows.promote import gate
 from flows.significance import Rules, paired_bs
 from flows.workspace import WORKSPACE
-from transformer.sections.retrain_flow import RetrainFlowConfig
-from transformer.settings import ConfigError, build
+from transformer.core.sections.retrain_flow import RetrainFlowConfig
+from transformer.core.settings import ConfigError, build
 
 SIG = {"test_sha256": "t", "bleu_signature": "s", "split": "test"}
 
@@ -149,6 +150,11 @@ def test_without_the_champions_hypotheses_the_margin_decides_and_says_so():
 def test_bad_gate_settings_are_named(key, value, error):
     with pytest.raises(ConfigError, match=error):
         build(RetrainFlowConfig, {key: value}, "retrain", "params.yaml")
+
+
+def test_the_gates_defaults_are_the_retrain_sections():
+    """Rules() (the gate without settings: flows/promote.py) is the params.yaml defaults."""
+    assert Rules() == Rules.of(dataclasses.asdict(RetrainFlowConfig()))
 
 
 @pytest.mark.slow

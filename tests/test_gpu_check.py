@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py, the GPU check, in its reduced mode on the CPU: every section runs
+"""benchmarks/gpu/check.py, the GPU check, in its reduced mode on the CPU: every section runs
 and writes finite figures, the peers do the same work as ours, and the rules read the ratios."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.config import ModelConfig
-from transformer.model import Transformer
+from transformer.core.sections.model import ModelConfig
+from transformer.model.network import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = importlib.util.find_spec("transformers") is not None
@@ -32,7 +32,7 @@ def check(tmp_path_factory) -> tuple[dict, Path]:
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.gpu_check",
+        "benchmarks.gpu.check",
         "--out",
         str(out),
         "--reduced",
@@ -104,7 +104,7 @@ def test_the_checks_batches_are_padded_as_a_real_corpus_s(load_benchmark):
     """The check draws lengths for as many pairs as a real corpus has (>= 1M; WMT14: 4.5M), so
     that its static batches' long buckets fill as a real run's do: >= 85% of their target
     positions are tokens (20,000 pairs gave 73% at 3,125 and 70% at 12,500)."""
-    peers = load_benchmark("gpu_peers")
+    peers = load_benchmark("gpu.peers")
     assert peers.PAIRS >= 1_000_000
     for size in (3125, 12500):
         stats = peers.draw_stats(size, static=True)
@@ -116,7 +116,7 @@ def test_the_checks_batches_are_padded_as_a_real_corpus_s(load_benchmark):
 
 @pytest.mark.skipif(not HF, reason="transformers not installed (the dev extra)")
 def test_marian_holds_our_model_exactly(load_benchmark):
-    peers = load_benchmark("gpu_peers")
+    peers = load_benchmark("gpu.peers")
     torch.manual_seed(0)
     m = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, dropout=0.0), 50)
     hf = peers.marian_from(m.eval()).eval()
@@ -128,7 +128,7 @@ def test_marian_holds_our_model_exactly(load_benchmark):
 
 
 def test_peaks_and_rules(load_benchmark):
-    peers, report = load_benchmark("gpu_peers"), load_benchmark("gpu_report")
+    peers, report = load_benchmark("gpu.peers"), load_benchmark("gpu.report")
     assert peers.peak_tflops("NVIDIA H100 80GB HBM3") == peers.peak_tflops("NVIDIA H200") == 989
     assert peers.peak_tflops("NVIDIA H100 PCIe") == 756
     assert peers.peak_tflops("NVIDIA A100-SXM4-80GB") is None

@@ -14,10 +14,11 @@ from helpers.graphs import cpu_learner
 from helpers.static import MODEL, V, lengths, pairs
 from torch import Tensor
 
-from transformer import graphs, learner, resume
-from transformer.config import ModelConfig, TrainConfig
-from transformer.data import BatchSampler, collate
-from transformer.learner import Learner, n_targets
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.data.batches import BatchSampler, collate
+from transformer.training import graphs, learner, resume
+from transformer.training.learner import Learner, n_targets
 
 
 def static_batches(n: int, seed: int = 3) -> list:
@@ -106,7 +107,7 @@ def test_a_compiled_learner_allows_a_graph_for_every_static_shape(capsys):
     length boundary) must not hit dynamo's recompile limit (8), which fullgraph makes an error."""
     import torch._dynamo
 
-    from transformer.data import boundaries
+    from transformer.data.batches import boundaries
 
     mcfg = ModelConfig(**MODEL)
     shapes = len(boundaries(mcfg.max_positions))

@@ -1,15 +1,15 @@
-"""benchmarks/loss_bench.py --step: its two training losses are the same loss, so that the
+"""benchmarks/cpu/loss_bench.py --step: its two training losses are the same loss, so that the
 timing compares equal work."""
 
 import torch
 
-from transformer.data import Batch
-from transformer.model import Transformer
-from transformer.sections.model import ModelConfig
+from transformer.core.sections.model import ModelConfig
+from transformer.data.batches import Batch
+from transformer.model.network import Transformer
 
 
 def test_step_losses_agree_in_value_and_gradients(load_benchmark):
-    bench = load_benchmark("loss_bench")
+    bench = load_benchmark("cpu.loss_bench")
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2, dropout=0.0), 50)
     src = torch.randint(4, 50, (3, 7))

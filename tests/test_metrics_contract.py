@@ -1,4 +1,4 @@
-"""transformer/metrics.py: the stages write the keys the flows read, by exact key; a missing key
+"""transformer/core/metrics.py: the stages write the keys the flows read, by exact key; a missing key
 is an error naming the file and the key."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import pytest
 
 from flows import lineage
 from flows.dag import Stage
-from transformer import metrics, parent, shard
+from transformer import parent, shard
 from transformer import tokenizer as T
-from transformer.metrics import KEYS, PARENT_KEYS, SHARD_KEYS, MetricsError
-from transformer.sections.retrain import RetrainConfig
-from transformer.sections.shard import ShardConfig
-from transformer.sections.tokenizer import TokenizerConfig
+from transformer.core import metrics
+from transformer.core.metrics import KEYS, PARENT_KEYS, SHARD_KEYS, MetricsError
+from transformer.core.sections.retrain import RetrainConfig
+from transformer.core.sections.shard import ShardConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
 
 EVAL = Stage("evaluate", (), ("m/evaluate.json",), ("m/evaluate.json",), (), ())
 LINES = ["a small house by the river", "the river runs by a house", "houses and rivers"]

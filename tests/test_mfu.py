@@ -1,11 +1,11 @@
-"""benchmarks/multi30k_mfu.py: the matmul recorder misses none of a training step's matmuls."""
+"""benchmarks/cpu/multi30k_mfu.py: the matmul recorder misses none of a training step's matmuls."""
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer.config import ModelConfig
-from transformer.data import Batch
-from transformer.model import Transformer
+from transformer.core.sections.model import ModelConfig
+from transformer.data.batches import Batch
+from transformer.model.network import Transformer
 
 
 def tiny_step(mfu):
@@ -18,7 +18,7 @@ def tiny_step(mfu):
 
 
 def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
-    mfu = load_benchmark("multi30k_mfu")
+    mfu = load_benchmark("cpu.multi30k_mfu")
     step, b = tiny_step(mfu)
     with FlopCounterMode(display=False) as fc:
         step(b)
@@ -34,7 +34,7 @@ def test_replayed_matmuls_are_the_steps_flops(load_benchmark):
 
 
 def test_top_ops_are_the_steps_ops_by_self_time(load_benchmark):
-    mfu = load_benchmark("multi30k_mfu")
+    mfu = load_benchmark("cpu.multi30k_mfu")
     step, b = tiny_step(mfu)
     ops, total = mfu.top_ops(step, [b, b], 10_000)  # every op
     seconds = [s for _, s, _ in ops]

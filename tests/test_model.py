@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.checkpoint import CheckpointError, build_model
-from transformer.config import ConfigError, ModelConfig, preset_params
-from transformer.incremental import Decoder
-from transformer.model import Transformer, attention, sinusoids
+from transformer.core.presets import preset_params
+from transformer.core.sections.model import ModelConfig
+from transformer.core.settings import ConfigError
+from transformer.model.checkpoint import CheckpointError, build_model
+from transformer.model.incremental import Decoder
+from transformer.model.network import Transformer, attention, sinusoids
 
 V = 40
 

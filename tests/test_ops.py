@@ -1,4 +1,4 @@
-"""transformer/ops.py: the fast dropout and the fused loss agree with torch's own."""
+"""transformer/model/ops.py: the fast dropout and the fused loss agree with torch's own."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.ops import dropout, keep_mask, output_loss
+from transformer.model.ops import dropout, keep_mask, output_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("p", [0.1, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_rate_scale_and_gradient(p, dtype, lanes, monkeypatch):
-    from transformer import ops
+    from transformer.model import ops
 
     monkeypatch.setattr(ops, "LANE_DROPOUT", {"cpu"} if lanes else set())
     torch.manual_seed(0)
@@ -53,7 +53,7 @@ def test_dropout_relu_and_eval():
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("n", [1, 16, 37])  # one chunk, exactly one, several and a remainder
 def test_output_loss_matches_cross_entropy_and_grad(n, fused, monkeypatch):
-    from transformer import ops
+    from transformer.model import ops
 
     monkeypatch.setattr(ops, "CHUNK_ELEMENTS_CPU", 50 * 16)  # 16 rows: many chunks
     g = torch.Generator().manual_seed(0)
@@ -109,7 +109,7 @@ def test_the_compiled_output_loss_is_one_graph_for_every_shape(monkeypatch):
     from torch._dynamo.backends.debugging import aot_eager
     from torch._dynamo.utils import counters
 
-    from transformer import ops
+    from transformer.model import ops
 
     monkeypatch.setattr(ops, "CHUNK_ELEMENTS_CPU", 50 * 16)  # 16 rows: several chunks a shape
     graphs = []
@@ -146,7 +146,7 @@ def test_the_compiled_output_loss_is_one_graph_for_every_shape(monkeypatch):
 JEMALLOC = sorted(Path("/usr/lib").glob("*-linux-gnu/libjemalloc.so.2"))
 HOLD = """
 import os, sys, torch
-from transformer import allocator
+from transformer.core import allocator
 if sys.argv[1] == "keep":
     assert allocator.keep_freed_memory()
 page = os.sysconf("SC_PAGESIZE")
@@ -182,7 +182,7 @@ def test_keep_freed_memory_keeps_freed_blocks(allocator):
 
 DECAYS = """
 import ctypes
-from transformer import allocator
+from transformer.core import allocator
 assert allocator.keep_freed_memory()
 mallctl = ctypes.CDLL(None).mallctl
 def read(name, out):

@@ -9,7 +9,10 @@ import shutil
 import pytest
 import yaml
 
+from flows.lineage import params_hash
 from transformer import decode, package
+from transformer.core.card import NOT_RECIPE, recipe
+from transformer.core.layout import NOT_PACKAGED, PARAMS
 from transformer.package import PackageError
 
 
@@ -75,3 +78,28 @@ def test_parts_that_do_not_belong_together_are_refused(scored, tmp_path):
         decode.main(["--model", str(tmp_path), "-i", "/dev/null"])
     with pytest.raises(SystemExit, match="--tokenizer is required unless --model is a package"):
         decode.main(["--model", str(d / "avg.pt"), "-i", "/dev/null"])
+
+
+def test_the_retrain_section_is_left_out_of_the_package_the_recipe_hash_and_the_card(
+    scored, tmp_path
+):
+    """NOT_PACKAGED (transformer/core/layout.py), one list: the package's params.yaml leaves it
+    out, so the recipe's hash the retrain flow compares is the same for the project's params.yaml
+    as for the package's; the card's recipe (what trained the model) leaves out `package` too."""
+    d = scored
+    params = {
+        "decode": {"beam_size": 2},
+        "package": {"hf": False, "ctranslate2": "none"},
+        "retrain": {"margin": 0.5},
+    }
+    package.package(d / "avg.pt", d / "tokenizer", d / "ev.json", params, tmp_path / "pkg")
+    kept = (tmp_path / "pkg" / PARAMS).read_text()
+    assert set(yaml.safe_load(kept)) == set(params) - set(NOT_PACKAGED) == {"decode", "package"}
+    assert params_hash(yaml.safe_dump(params)) == params_hash(kept)
+    other = {**params, "retrain": {"margin": 1.0}}
+    assert params_hash(yaml.safe_dump(other)) == params_hash(kept)
+    other = {**params, "package": {"hf": True}}
+    assert params_hash(yaml.safe_dump(other)) != params_hash(kept)
+    assert set(NOT_RECIPE) == {*NOT_PACKAGED, "package"}
+    _, over = recipe(params)
+    assert not [k for k in over if k.split(".")[0] in NOT_RECIPE]

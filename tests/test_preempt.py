@@ -15,7 +15,9 @@ import torch
 from helpers import forked
 from helpers.train import ROOT, write_params
 
-from transformer import checkpoint, launch, preempt
+from transformer import launch
+from transformer.model import checkpoint
+from transformer.training import preempt
 
 # a run's updates; its periodic checkpoints. Room for two notices, each a few updates late on
 # a busy machine, before the last checkpoint

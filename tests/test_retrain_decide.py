@@ -15,13 +15,14 @@ from prefect_fixtures import DVC, sh
 
 from flows.pipeline import prepare
 from flows.promote import retrain_margin
-from flows.retrain import decide_start
+from flows.retrain import KEPT, decide_start
 from flows.shell import check_override, read_section
 from flows.significance import Rules
 from transformer import tokenizer as T
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.settings import ConfigError
-from transformer.vocab import load_tokenizer
+from transformer.core.sections.model import ARCH_KEYS, WEIGHT_KEYS
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.core.settings import ConfigError
+from transformer.data.vocab import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = {"model": {"d_model": 64}, "tokenizer": {"vocab_size": 300}, "download": {"src_lang": "en"}}
@@ -65,6 +66,18 @@ def test_each_reason_for_scratch_is_named_and_the_probe_runs_only_when_needed():
     assert "more than retrain.max_oov_rate 40.00%" in oov.why
 
 
+def test_a_continued_retrain_keeps_every_key_a_checkpoint_must_match():
+    """KEPT's model keys are the weights' (WEIGHT_KEYS), so ARCH_KEYS' too: a changed one trains
+    from scratch rather than failing to load the champion's weights."""
+    assert KEPT["model"] == WEIGHT_KEYS and set(ARCH_KEYS) <= set(KEPT["model"])
+    fit, asked = fits(0.0)
+    for k in WEIGHT_KEYS:
+        changed = {**OURS, "model": {**OURS["model"], k: "other"}}
+        start = decide_start("continue", CHAMPION, OURS, changed, 0.01, fit)
+        assert start.parent is None and f"the recipe changed model.{k} " in start.why
+    assert asked == []
+
+
 def set_params(project: Path, **retrain) -> None:
     path = project / "params.yaml"
     params = yaml.safe_load(path.read_text())
@@ -104,7 +117,7 @@ def test_overrides_are_checked_by_the_runs_revision(tmp_path):
     """A key that only the run's revision has is accepted; one that no revision has is refused,
     named, before anything is written."""
     project = checkout(tmp_path, remote=False)
-    section = project / "transformer/sections/evaluate.py"
+    section = project / "transformer/core/sections/evaluate.py"
     text = section.read_text()
     anchor = "    split: str"
     assert anchor in text
@@ -127,7 +140,7 @@ def test_overrides_are_checked_by_the_runs_revision(tmp_path):
 
 
 def test_the_fit_probe_is_the_tokenizers_own_measure(tmp_path):
-    """`python -m transformer.vocab fit` (what the flow runs in the workspace) prints what
+    """`python -m transformer.data.vocab fit` (what the flow runs in the workspace) prints what
     Subwords.fit measures, and names a missing tokenizer folder."""
     train = tmp_path / "train.en"
     train.write_text("the house by the river\nthe river by the house\n" * 20)
@@ -136,7 +149,7 @@ def test_the_fit_probe_is_the_tokenizers_own_measure(tmp_path):
     cfg = TokenizerConfig(vocab_size=T.min_vocab_size("bpe") + 20, min_frequency=1)
     tok = T.train_tokenizer([train], cfg)
     T.save_tokenizer(tok, tmp_path / "tok", {"type": "bpe"})
-    cli = [sys.executable, "-m", "transformer.vocab", "fit"]
+    cli = [sys.executable, "-m", "transformer.data.vocab", "fit"]
     out = json.loads(sh(*cli, str(tmp_path / "tok"), str(new), cwd=ROOT))
     assert out == load_tokenizer(tmp_path / "tok").fit([new])
     assert out["oov_words"] == 5 and out["words"] == 7  # the Greek words, not "the", "house"

@@ -1,4 +1,4 @@
-"""Divergence without a person (transformer/rewind.py): a diverged run rewinds to its last good
+"""Divergence without a person (transformer/training/rewind.py): a diverged run rewinds to its last good
 checkpoint, skips the batches since, goes on at a lowered rate, the same way every time, and fails
 naming the steps past train.max_rewinds; the rewinds survive a SIGKILL and resume."""
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 from helpers.train import kill_once_written, run, write_params
 
-from transformer import checkpoint, train
-from transformer.rewind import MIN_LOSS_SCALE, diverged
-from transformer.sections.train import TrainConfig
-from transformer.settings import ConfigError
+from transformer import train
+from transformer.core.sections.train import TrainConfig
+from transformer.core.settings import ConfigError
+from transformer.model import checkpoint
+from transformer.training.rewind import MIN_LOSS_SCALE, diverged
 
 # logged every step, saved every 2: back to the newest checkpoint a good read tested (step 4's
 # weights gave step 5's loss; step 6's, only the diverged step 7's)

@@ -1,4 +1,4 @@
-"""Best checkpoints and early stopping (transformer/selection.py): the best k survive the last-k
+"""Best checkpoints and early stopping (transformer/training/selection.py): the best k survive the last-k
 rotation, `average.by: best` averages exactly them, patience ends a run normally and survives a
 SIGKILL resume, and a continued retrain gets the continuation's patience."""
 
@@ -12,15 +12,16 @@ import torch
 import yaml
 from helpers.train import kill_and_resume, run, write_params
 
-from transformer import average, checkpoint
+from transformer import average
 from transformer.average import AverageError
-from transformer.model import Transformer
-from transformer.parent import continued_train_config
-from transformer.resume import write_checkpoint
-from transformer.sections.model import ModelConfig
-from transformer.sections.retrain import ContinuationConfig
-from transformer.sections.train import TrainConfig
-from transformer.selection import Selection
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.retrain import ContinuationConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.model import checkpoint
+from transformer.model.network import Transformer
+from transformer.training.continuation import continued_train_config
+from transformer.training.resume import write_checkpoint
+from transformer.training.selection import Selection
 
 CFG = ModelConfig(d_model=16, d_ff=32, n_heads=2, n_layers=2)
 

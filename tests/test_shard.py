@@ -11,12 +11,12 @@ import pytest
 
 from transformer import shard as S
 from transformer import tokenizer as T
-from transformer import vocab
-from transformer.data import BatchSampler, DataError, collate, load_split, read_index
-from transformer.ids import EOS_ID
-from transformer.sections.download import SyntheticConfig
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.synthetic import generate
+from transformer.core.ids import EOS_ID
+from transformer.core.sections.download import SyntheticConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.data import vocab
+from transformer.data.batches import BatchSampler, DataError, collate, load_split, read_index
+from transformer.data.synthetic import generate
 
 MAX_LEN, SHARD_PAIRS = 32, 100
 

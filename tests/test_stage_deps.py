@@ -83,9 +83,7 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict[s
 
 
 MODULES = sorted(
-    str(p.relative_to(ROOT))
-    for p in [*ROOT.glob("transformer/**/*.py"), *ROOT.glob("flows/*.py")]
-    if p.name != "__init__.py"
+    str(p.relative_to(ROOT)) for p in [*ROOT.glob("transformer/**/*.py"), *ROOT.glob("flows/*.py")]
 )
 
 

@@ -16,11 +16,13 @@ from helpers.static import MODEL, V, lengths, pairs
 from helpers.train import corpus, kill_and_resume, run, write_params  # noqa: F401
 from torch import nn
 
-from transformer.config import ConfigError, ModelConfig, TrainConfig
-from transformer.data import BatchSampler, boundaries, collate
-from transformer.learner import Learner, WithLoss, compile_model, n_targets
-from transformer.model import Transformer
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.core.settings import ConfigError
+from transformer.data.batches import BatchSampler, boundaries, collate
+from transformer.model.network import Transformer
 from transformer.train import update_path
+from transformer.training.learner import Learner, WithLoss, compile_model, n_targets
 
 
 @pytest.mark.parametrize("world, group", [(1, 1), (2, 1), (3, 2)])

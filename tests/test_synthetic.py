@@ -5,9 +5,9 @@ import re
 
 from num2words import num2words
 
-from transformer import synthetic
-from transformer.clean import normalize, pair_filter
-from transformer.sections.download import CleanConfig, SyntheticConfig
+from transformer.core.sections.download import CleanConfig, SyntheticConfig
+from transformer.data import synthetic
+from transformer.data.clean import normalize, pair_filter
 
 SMALL = SyntheticConfig(train=2000, valid=200, test=200, seed=3)
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from transformer import tokenizer as T
-from transformer import vocab
-from transformer.files import read_lines
-from transformer.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
-from transformer.sections.download import SyntheticConfig
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.synthetic import generate
+from transformer.core.files import read_lines
+from transformer.core.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
+from transformer.core.sections.download import SyntheticConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.data import vocab
+from transformer.data.synthetic import generate
 
 LINES = [
     "Zwei junge Männer stehen im Freien, nahe bei vielen Büschen.",

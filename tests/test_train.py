@@ -15,13 +15,14 @@ import pytest
 import torch
 from helpers.train import kill_and_resume, run, write_params
 
-from transformer import checkpoint, precision, train
-from transformer.cpu_share import CpuShare
-from transformer.data import BatchSampler, load_split
-from transformer.model import Transformer
-from transformer.sections.model import ModelConfig
-from transformer.sections.train import TrainConfig
-from transformer.settings import ConfigError
+from transformer import train
+from transformer.core.cpu_share import CpuShare
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.core.settings import ConfigError
+from transformer.data.batches import BatchSampler, load_split
+from transformer.model import checkpoint, precision
+from transformer.model.network import Transformer
 
 
 def test_rate_peaks_at_warmup_and_decays():
@@ -268,10 +269,10 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     """A checkpoint is continued only if a fresh run with today's params reaches it too."""
     from dataclasses import asdict
 
-    from transformer import checkpoint
-    from transformer.resume import find_resume
-    from transformer.sections.model import ModelConfig
-    from transformer.sections.train import TrainConfig
+    from transformer.core.sections.model import ModelConfig
+    from transformer.core.sections.train import TrainConfig
+    from transformer.model import checkpoint
+    from transformer.training.resume import find_resume
 
     def meta(shards=("s1",), **train):
         return {

@@ -10,9 +10,10 @@ import pytest
 import torch
 from helpers.train import run, write_params
 
-from transformer import checkpoint, evaluate
-from transformer.sections.train import TrainConfig
-from transformer.valid_bleu import ValidBleu, load_valid_text
+from transformer import evaluate
+from transformer.core.sections.train import TrainConfig
+from transformer.model import checkpoint
+from transformer.training.validation import ValidBleu, load_valid_text
 
 
 def references_near(raw, hyps: Path, out: Path) -> Path:

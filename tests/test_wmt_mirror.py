@@ -1,4 +1,4 @@
-"""benchmarks/wmt_mirror.py: the wmt14-en-de-base preset runs against it with one override."""
+"""benchmarks/scale/wmt_mirror.py: the wmt14-en-de-base preset runs against it with one override."""
 
 import tarfile
 
@@ -6,12 +6,12 @@ import pytest
 import requests
 from helpers.download import run_cli
 
-from transformer import config
+from transformer.core import presets
 
 
 @pytest.fixture(scope="module")
 def mirror(load_benchmark, shared_data, tmp_path_factory):
-    mod = load_benchmark("wmt_mirror")
+    mod = load_benchmark("scale.wmt_mirror")
     root = tmp_path_factory.mktemp("mirror")
     manifest = mod.build(root, pairs=3000, eval_segments={"valid": 40, "test": 43})
     httpd, url = mod.serve(root)
@@ -46,7 +46,7 @@ def test_archives_have_the_presets_names_and_members(mirror):
 
 def test_the_preset_runs_against_the_mirror_with_one_override(mirror, tmp_path):
     url = mirror[2]
-    section = config.preset_params("wmt14-en-de-base")["download"]
+    section = presets.preset_params("wmt14-en-de-base")["download"]
     section |= {"mirror": url, "cache_dir": str(tmp_path / "cache")}
     out, m = run_cli(tmp_path, section)
     assert (m["splits"]["valid"]["kept"], m["splits"]["test"]["kept"]) == (40, 43)

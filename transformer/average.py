@@ -18,11 +18,13 @@ from pathlib import Path
 
 import torch
 
-from transformer import checkpoint, ema, settings
-from transformer.checkpoint import CheckpointError
-from transformer.files import atomic_write, sha256_file
-from transformer.sections.average import AverageConfig
-from transformer.settings import ConfigError
+from transformer.core import settings
+from transformer.core.files import atomic_write, sha256_file
+from transformer.core.sections.average import AverageConfig
+from transformer.core.settings import ConfigError
+from transformer.model import checkpoint
+from transformer.model.checkpoint import CheckpointError
+from transformer.training import ema
 
 STEP_RE = re.compile(r"step_(\d+)\.pt$")
 # what must agree between checkpoints for their weights to be averaged

@@ -10,7 +10,7 @@ The flows run these in the run's workspace, so that its revision's own schema de
 
 Defaults are the offline demo; a preset (presets/NAME.yaml) overrides some of them. A stage
 reads only its own sections (`settings.load(TrainConfig, "train")`, the dataclasses in
-transformer/sections/): no stage imports this module but package, which records them all.
+transformer/core/sections/): no stage imports this module but package, which records them all.
 """
 
 from __future__ import annotations
@@ -19,95 +19,13 @@ import argparse
 import dataclasses
 import json
 import sys
-import typing
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from transformer import settings
-from transformer.files import atomic_write
-from transformer.sections.average import AverageConfig
-from transformer.sections.decode import DecodeConfig
-from transformer.sections.download import DownloadConfig
-from transformer.sections.evaluate import EvaluateConfig
-from transformer.sections.model import ModelConfig
-from transformer.sections.package import PackageConfig
-from transformer.sections.retrain_flow import RetrainFlowConfig
-from transformer.sections.shard import ShardConfig
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.sections.train import TrainConfig
-from transformer.settings import PARAMS, ConfigError, build, known_keys, known_sections, read_yaml
-
-PRESETS = Path(__file__).resolve().parent.parent / "presets"
-SECTIONS: dict[str, type] = {
-    "download": DownloadConfig,
-    "tokenizer": TokenizerConfig,
-    "shard": ShardConfig,
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "average": AverageConfig,
-    "decode": DecodeConfig,
-    "evaluate": EvaluateConfig,
-    "package": PackageConfig,
-    "retrain": RetrainFlowConfig,  # the stage settings and the flow-only ones
-}
-
-
-def check_key(dotted: str, src: str) -> None:
-    """ConfigError unless `section.key.subkey` is in the schema (under a mapping such as
-    download.splits any key is allowed): a key checked before it is written anywhere."""
-    section, *path = dotted.split(".")
-    known_sections([section], src)
-    tp, key = SECTIONS[section], section
-    for name in path:
-        if not dataclasses.is_dataclass(tp):
-            return
-        known_keys(tp, [name], key, src)
-        tp, key = typing.get_type_hints(tp)[name], f"{key}.{name}"
-
-
-def load_all(path: Path = PARAMS) -> dict[str, Any]:
-    """Every section, validated: {name: dataclass instance}."""
-    data = settings.read_params(path)
-    return {
-        name: build(cls, data.get(name) or {}, name, str(path)) for name, cls in SECTIONS.items()
-    }
-
-
-def merge(base: dict, over: dict) -> dict:
-    """`over` laid over `base`, nested mappings merged key by key (neither is modified)."""
-    out = dict(base)
-    for k, v in over.items():
-        if v is None and isinstance(out.get(k), dict):
-            continue  # an empty section (comments only): the defaults, as load() reads it
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def presets() -> list[str]:
-    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
-
-
-def preset_params(name: str) -> dict[str, Any]:
-    """The full params mapping of preset `name`: the defaults with the preset's overrides."""
-    path = PRESETS / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"no preset {name!r} (available: {', '.join(presets())})")
-    over = read_yaml(path)
-    defaults = {n: dataclasses.asdict(cls()) for n, cls in SECTIONS.items()}
-    merged = merge(defaults, over)
-    for name_, cls in SECTIONS.items():  # validate before anything is written
-        build(cls, merged[name_], name_, str(path))
-    return merged
-
-
-def write_preset(name: str, out: Path = PARAMS) -> None:
-    """Replace `out` with preset `name`, atomically."""
-    merged = preset_params(name)
-    header = f"# Written by `python -m transformer.config preset {name}`; edit freely.\n"
-    with atomic_write(out, "w") as f:
-        f.write(header + yaml.safe_dump(merged, sort_keys=False, default_flow_style=False))
+from transformer.core.presets import SECTIONS, check_key, load_all, presets, write_preset
+from transformer.core.settings import (
+    PARAMS,
+    ConfigError,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

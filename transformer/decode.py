@@ -1,4 +1,4 @@
-"""Translate: the models loaded for decoding (transformer/beam.py's search), and the CLI.
+"""Translate: the models loaded for decoding (transformer/model/beam.py's search), and the CLI.
 
 python -m transformer.decode --model data/model.pt --tokenizer data/tokenizer < in.en > out.de
 transformer-translate --model data/model.pt --tokenizer data/tokenizer -i in.en -o out.de
@@ -10,114 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-import torch
-
-from transformer import allocator, files, settings
-from transformer.beam import translate_ids
-from transformer.checkpoint import CheckpointError, build_model
-from transformer.checkpoint import load as load_checkpoint
-from transformer.files import atomic_write
-from transformer.ids import EOS_ID
-from transformer.incremental import Decoder, Ensemble
-from transformer.sections.decode import MAX_ALPHA, DecodeConfig
-from transformer.settings import ConfigError
-from transformer.vocab import Subwords, TokenizerError, load_tokenizer, tokenizer_sha256
-
-
-class DecodeError(ValueError):
-    """A problem with decoding inputs (model file, tokenizer, input line), naming it."""
-
-
-@dataclass
-class Translator:
-    """A checkpoint (or an ensemble) plus its tokenizer: text lines in, text lines out."""
-
-    dec: Decoder | Ensemble
-    tokenizer: Subwords
-    cfg: DecodeConfig
-    max_src: int  # source tokens (EOS included) the model can take
-
-    def encode(self, lines: list[str], on_long: str = "truncate") -> list[list[int]]:
-        """Ids (EOS appended) per line; an over-long line is truncated or rejected by number."""
-        out = []
-        encoded = self.tokenizer.encode([line.strip() for line in lines])
-        for n, (line, enc) in enumerate(zip(lines, encoded), 1):
-            if not line.strip():  # empty line in, empty line out
-                out.append([])
-                continue
-            ids = enc
-            if len(ids) + 1 > self.max_src:
-                msg = f"line {n}: {len(ids) + 1} tokens, more than the model's {self.max_src}"
-                if on_long == "error":
-                    raise DecodeError(msg)
-                print(f"warning: {msg}; truncated", file=sys.stderr)
-                ids = ids[: self.max_src - 1]
-            out.append(ids + [EOS_ID])
-        return out
-
-    def translate(
-        self, lines: list[str], progress: bool = False, on_long: str = "truncate"
-    ) -> list[str]:
-        """Translate lines; an empty line gives an empty line."""
-        units = self.tokenizer.size
-        if self.cfg.beam_size > units:  # top-k of more than the vocabulary: no such beams
-            raise DecodeError(
-                f"beam size {self.cfg.beam_size} is more than the vocabulary's "
-                f"{units} units (--beam-size / decode.beam_size)"
-            )
-        hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
-        return [text if h else "" for h, text in zip(hyps, self.tokenizer.decode(hyps))]
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    """--device: auto is the (current) CUDA GPU when torch sees one, else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    elif name == "cuda" and not torch.cuda.is_available():
-        raise DecodeError("--device cuda: torch sees no CUDA device (a CPU build of torch?)")
-    return torch.device(name)
-
-
-def load_translator(
-    model_path: Path,
-    tokenizer_dir: Path,
-    cfg: DecodeConfig,
-    precision: str = "fp32",
-    ensemble: Sequence[Path] = (),
-    device: torch.device | None = None,
-) -> Translator:
-    """The model from its checkpoint, with the tokenizer checked to be the one it trained with;
-    with `ensemble`, those checkpoints too, decoding together with it (incremental.Ensemble).
-    `device`: default pick_device("auto")."""
-    tok = load_tokenizer(tokenizer_dir)
-    device = device or pick_device()
-    # one at a time: a Decoder is a copy, so only one member's loaded model is alive at once
-    decs = [
-        Decoder(_load_model(p, tokenizer_dir, tok), precision, device)
-        for p in [model_path, *ensemble]
-    ]
-    dec = decs[0] if len(decs) == 1 else Ensemble(decs)
-    return Translator(dec, tok, cfg, dec.max_positions)
-
-
-def _load_model(model_path: Path, tokenizer_dir: Path, tok: Subwords) -> torch.nn.Module:
-    ckpt = load_checkpoint(model_path, mmap=True)  # a training checkpoint's Adam state: unread
-    model = build_model(ckpt, model_path)
-    want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
-    if want and want != got:
-        raise DecodeError(
-            f"{tokenizer_dir}: tokenizer sha256 {got[:12]} is not the one "
-            f"{model_path} was trained with ({want[:12]})"
-        )
-    if tok.size != model.vocab_size:
-        raise DecodeError(
-            f"{tokenizer_dir}: vocabulary of {tok.size} tokens, {model_path} has {model.vocab_size}"
-        )
-    return model
+from transformer.core import allocator, files, settings
+from transformer.core.files import atomic_write
+from transformer.core.layout import MODEL, PARAMS, TOKENIZER
+from transformer.core.sections.decode import MAX_ALPHA, DecodeConfig
+from transformer.core.settings import ConfigError
+from transformer.data.vocab import TokenizerError
+from transformer.model.checkpoint import CheckpointError
+from transformer.model.translator import DecodeError, load_translator, pick_device
 
 
 def read_lines(path: Path | None) -> list[str]:
@@ -201,15 +104,15 @@ def unpack(args: argparse.Namespace) -> None:
     command line names none."""
     if args.model.is_dir():
         pkg = args.model
-        if not (pkg / "model.pt").is_file():
+        if not (pkg / MODEL).is_file():
             raise DecodeError(
-                f"{pkg}: a folder without model.pt: not a package (--model takes a "
+                f"{pkg}: a folder without {MODEL}: not a package (--model takes a "
                 "checkpoint file or a package folder)"
             )
-        args.model = pkg / "model.pt"
-        args.tokenizer = args.tokenizer or pkg / "tokenizer"
-        if args.params is None and (pkg / settings.PARAMS.name).is_file():
-            args.params = pkg / settings.PARAMS.name
+        args.model = pkg / MODEL
+        args.tokenizer = args.tokenizer or pkg / TOKENIZER
+        if args.params is None and (pkg / PARAMS).is_file():
+            args.params = pkg / PARAMS
     if args.tokenizer is None:
         raise DecodeError("--tokenizer is required unless --model is a package folder")
 

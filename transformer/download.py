@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from transformer import settings
-from transformer.clean import Counts, HashSet, hashes, normalize, pair_filter
-from transformer.files import atomic_dir, sha256_file, write_json
-from transformer.sections.download import DownloadConfig
-from transformer.settings import ConfigError
-from transformer.sources import SPLITS, BadText, Part, SourceError, parts_for
+from transformer.core import settings
+from transformer.core.files import atomic_dir, sha256_file, write_json
+from transformer.core.sections.download import DownloadConfig
+from transformer.core.settings import ConfigError
+from transformer.data.clean import Counts, HashSet, hashes, normalize, pair_filter
+from transformer.data.sources import SPLITS, BadText, Part, parts_for
+from transformer.data.wmt import SourceError
 
 log = logging.getLogger("transformer.download")
 CHUNK = 8192  # pairs per vectorised dedup / overlap step: bounds memory, amortises numpy calls

@@ -19,74 +19,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import re
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from sacrebleu.metrics import BLEU, CHRF
-
-from transformer import allocator, settings
-from transformer.checkpoint import CheckpointError
-from transformer.checkpoint import load as load_checkpoint
-from transformer.decode import (
-    DecodeError,
-    Translator,
-    add_decode_args,
-    decode_config,
-    load_translator,
-    pick_device,
-    read_lines,
-    write_lines,
-)
-from transformer.files import atomic_write, sha256_file
-from transformer.metrics import KEYS, put
-from transformer.sections.decode import DecodeConfig
-from transformer.sections.download import DownloadConfig
-from transformer.sections.evaluate import EvaluateConfig
-from transformer.settings import ConfigError
-from transformer.vocab import TokenizerError, tokenizer_sha256
-
-TOK_BLEU = "bleu_tok_compound_split"
-# tensor2tensor's get_ende_bleu.sh: Moses replace-unicode-punctuation + tokenizer.perl -l LANG
-# (here sacremoses), compounds split as ##AT##-##AT##, then multi-bleu.perl (sacreBLEU with
-# tokenize=none). Comparable to the paper's 27.3/28.4, not to sacreBLEU.
-TOK_BLEU_METHOD = "tensor2tensor get_ende_bleu.sh (tokenized, compound-split; paper-comparable)"
-COMPOUND = re.compile(r"(\S)-(\S)")  # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
-
-
-def tokenize_compound_split(lines: list[str], lang: str) -> list[str]:
-    """get_ende_bleu.sh's preprocessing of hypotheses and references, line by line."""
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    norm, tok = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-    out = []
-    for line in lines:
-        t = tok.tokenize(norm.replace_unicode_punct(line), return_str=True, escape=True)
-        out.append(COMPOUND.sub(r"\1 ##AT##-##AT## \2", t))
-    return out
-
-
-def score(hyps: list[str], refs: list[str], tgt_lang: str, tokenized_bleu: bool = True) -> dict:
-    """Corpus BLEU and chrF with their sacreBLEU signatures; optionally the paper's BLEU."""
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    bleu, chrf = BLEU(trg_lang=tgt_lang), CHRF()
-    out = {
-        "bleu": round(bleu.corpus_score(hyps, [refs]).score, 4),
-        "bleu_signature": str(bleu.get_signature()),
-        "chrf": round(chrf.corpus_score(hyps, [refs]).score, 4),
-        "chrf_signature": str(chrf.get_signature()),
-    }
-    if tokenized_bleu:
-        # multi-bleu.perl: BLEU on the given tokens, no smoothing, no further tokenization
-        tb = BLEU(tokenize="none", force=True, smooth_method="none")
-        h, r = tokenize_compound_split(hyps, tgt_lang), tokenize_compound_split(refs, tgt_lang)
-        out[TOK_BLEU] = round(tb.corpus_score(h, [r]).score, 4)
-        out[TOK_BLEU + "_method"] = TOK_BLEU_METHOD
-    return out
+from transformer.core import allocator, settings
+from transformer.core.files import atomic_write, sha256_file
+from transformer.core.metrics import KEYS, put
+from transformer.core.sections.decode import DecodeConfig
+from transformer.core.sections.download import DownloadConfig
+from transformer.core.sections.evaluate import EvaluateConfig
+from transformer.core.settings import ConfigError
+from transformer.data.vocab import TokenizerError, tokenizer_sha256
+from transformer.decode import add_decode_args, decode_config, write_lines
+from transformer.model.checkpoint import CheckpointError
+from transformer.model.checkpoint import load as load_checkpoint
+from transformer.model.scoring import TOK_BLEU, read_split, score
+from transformer.model.translator import DecodeError, Translator, load_translator, pick_device
 
 
 def lineage(model_path: Path, tokenizer_dir: Path, ensemble: Sequence[Path] = ()) -> dict:
@@ -116,13 +67,6 @@ def set_sha256(files: list[Path]) -> str:
     comparable with one of the same set; the promotion gate checks it)."""
     lines = "".join(f"{f.name}={sha256_file(f)}\n" for f in files)
     return hashlib.sha256(lines.encode()).hexdigest()
-
-
-def read_split(raw_dir: Path, split: str, lang: str) -> list[str]:
-    path = Path(raw_dir) / f"{split}.{lang}"
-    if not path.is_file():
-        raise DecodeError(f"{path}: no such file (evaluate.split / --split {split!r}?)")
-    return read_lines(path)
 
 
 def evaluate_split(

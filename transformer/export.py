@@ -28,19 +28,19 @@ import torch
 from tokenizers import normalizers, processors
 from torch import Tensor
 
-from transformer import checkpoint
-from transformer.checkpoint import CheckpointError, build_model
-from transformer.files import atomic_dir
-from transformer.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
-from transformer.model import Transformer
-from transformer.sections.decode import DecodeConfig
-from transformer.sections.shard import ShardConfig
-from transformer.settings import ConfigError, build, parse_yaml
-from transformer.vocab import TokenizerError, load_tokenizer
+from transformer.core.files import atomic_dir
+from transformer.core.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
+from transformer.core.layout import CARD, LINEAGE, MODEL, PARAMS, TOKENIZER
+from transformer.core.sections.decode import DecodeConfig
+from transformer.core.sections.shard import ShardConfig
+from transformer.core.settings import ConfigError, build, parse_yaml
+from transformer.data.vocab import TokenizerError, load_tokenizer
+from transformer.model import checkpoint
+from transformer.model.checkpoint import CheckpointError, build_model
+from transformer.model.network import Transformer
 
 FORMATS = ("hf", "ctranslate2")
 QUANTIZATIONS = ("float32", "int8")  # CTranslate2's weight types
-CARD = "README.md"  # the model card (transformer/card.py), copied into each export
 # our LayerNorms (res1, res2[, res3]) in Marian's names
 NORMS = {
     "encoder": ("self_attn_layer_norm", "final_layer_norm"),
@@ -207,8 +207,8 @@ def generation_config(params: dict[str, Any], max_positions: int):
     max_len), so that no output the decode stage would give is cut."""
     from transformers import GenerationConfig
 
-    dec = build(DecodeConfig, params.get("decode") or {}, "decode", "params.yaml")
-    longest = build(ShardConfig, params.get("shard") or {}, "shard", "params.yaml").max_len
+    dec = build(DecodeConfig, params.get("decode") or {}, "decode", PARAMS)
+    longest = build(ShardConfig, params.get("shard") or {}, "shard", PARAMS).max_len
     cap = min(int(dec.max_len_a * (longest + 1)) + dec.max_len_b, max_positions - 1)
     # HF refuses to save beam settings with one beam: they are given only for beam search
     beam = (
@@ -228,19 +228,19 @@ def generation_config(params: dict[str, Any], max_positions: int):
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         forced_eos_token_id=None,
-        suppress_tokens=[PAD_ID, BOS_ID],  # never output, as in transformer/beam.py
+        suppress_tokens=[PAD_ID, BOS_ID],  # never output, as in transformer/model/beam.py
     )
 
 
 def read_package(pkg: Path) -> tuple[Transformer, dict[str, Any], dict[str, Any]]:
     """(model, params.yaml, lineage.json) of a package folder, checked to be exportable."""
     pkg = Path(pkg)
-    for name in ("model.pt", "tokenizer", "params.yaml", "lineage.json"):
+    for name in (MODEL, TOKENIZER, PARAMS, LINEAGE):
         if not (pkg / name).exists():
             raise ExportError(f"{pkg / name}: missing (not a package folder: the package stage's)")
-    model = build_model(checkpoint.load(pkg / "model.pt", mmap=True), pkg / "model.pt").eval()
-    params = parse_yaml((pkg / "params.yaml").read_text(encoding="utf-8")) or {}
-    lineage = json.loads((pkg / "lineage.json").read_text(encoding="utf-8"))
+    model = build_model(checkpoint.load(pkg / MODEL, mmap=True), pkg / MODEL).eval()
+    params = parse_yaml((pkg / PARAMS).read_text(encoding="utf-8")) or {}
+    lineage = json.loads((pkg / LINEAGE).read_text(encoding="utf-8"))
     exportable(model, lineage)
     return model, params, lineage
 
@@ -248,7 +248,7 @@ def read_package(pkg: Path) -> tuple[Transformer, dict[str, Any], dict[str, Any]
 def write_hf(pkg: Path, out: Path) -> None:
     """The HF form of package `pkg` into the (new, empty) folder `out`."""
     model, params, _ = read_package(pkg)
-    tok = hf_tokenizer(Path(pkg) / "tokenizer", model.cfg.max_positions)
+    tok = hf_tokenizer(Path(pkg) / TOKENIZER, model.cfg.max_positions)
     hf = to_marian(model)
     hf.generation_config = generation_config(params, model.cfg.max_positions)
     hf.save_pretrained(out)
@@ -273,7 +273,7 @@ def write_ctranslate2(pkg: Path, out: Path, quantization: str = "float32") -> No
         raise ExportError(
             "ctranslate2 is not installed: pip install 'transformer-pipeline[export]'"
         ) from None
-    from transformer.ct2 import convert
+    from transformer.model.ct2 import convert
 
     with tempfile.TemporaryDirectory(dir=Path(out).parent, prefix=".hf-") as tmp:
         write_hf(pkg, Path(tmp))

@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun
 
-from transformer.preempt import LAUNCHER, PASS_ON, PREEMPTED, SIGNALS
+from transformer.training.preempt import LAUNCHER, PASS_ON, PREEMPTED, SIGNALS
 
 # torchrun's own handling (stop the ranks, exit) for the rest; the notice's signals are ours
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT"

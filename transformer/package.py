@@ -6,7 +6,7 @@ The folder is dvc.yaml's artifact (what `dvc artifacts get` fetches and a promot
 what `transformer-translate --model DIR` reads: model.pt, tokenizer/, lineage.json (the
 evaluate stage's scores, signatures and hashes), params.yaml (the settings it was trained and
 decoded with), eval/ (the hypotheses behind the scores, which the promotion gate tests the next
-candidate against) and README.md (the model card, transformer/card.py); with params `package`, also
+candidate against) and README.md (the model card, transformer/core/card.py); with params `package`, also
 hf/ (Hugging Face's MarianMTModel) and ctranslate2/ (transformer/export.py, docs/export.md).
 The model and tokenizer are checked to belong together and to the scores.
 Files are hard-linked where the file system allows (no second copy on disk), else copied.
@@ -25,18 +25,26 @@ from typing import Any
 
 import yaml
 
-from transformer import checkpoint, config, export, settings
-from transformer.card import model_card
-from transformer.checkpoint import CheckpointError
-from transformer.files import atomic_dir, sha256_file
-from transformer.sections.package import PackageConfig
-from transformer.settings import ConfigError, build
-from transformer.vocab import tokenizer_sha256
-
-MODEL, TOKENIZER, LINEAGE, PARAMS = "model.pt", "tokenizer", "lineage.json", "params.yaml"
-EVAL = "eval"  # the evaluate stage's hypotheses of each scored set: the promotion gate's
-HF, CT2 = "hf", "ctranslate2"  # the exports' folders
-NOT_PACKAGED = ("retrain",)  # params sections about orchestration, not the model
+from transformer import export
+from transformer.core import presets, settings
+from transformer.core.card import model_card
+from transformer.core.files import atomic_dir, sha256_file
+from transformer.core.layout import (
+    CARD,
+    CT2,
+    EVAL,
+    HF,
+    LINEAGE,
+    MODEL,
+    NOT_PACKAGED,
+    PARAMS,
+    TOKENIZER,
+)
+from transformer.core.sections.package import PackageConfig
+from transformer.core.settings import ConfigError, build
+from transformer.data.vocab import tokenizer_sha256
+from transformer.model import checkpoint
+from transformer.model.checkpoint import CheckpointError
 
 
 class PackageError(ValueError):
@@ -100,7 +108,7 @@ def package(
         data = _read_json(manifest) if manifest is not None else None
         trained = {k: ckpt.get(k) for k in ("step", "train_seconds")}
         card = model_card(scores, kept, data, trained, revision())
-        (tmp / export.CARD).write_text(card, encoding="utf-8")
+        (tmp / CARD).write_text(card, encoding="utf-8")
         try:
             if cfg.hf:
                 (tmp / HF).mkdir()
@@ -171,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
-        config.load_all(args.params)  # validated before anything is written
+        presets.load_all(args.params)  # validated before anything is written
         params = settings.read_params(args.params)
         out = package(
             args.model,

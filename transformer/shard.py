@@ -6,7 +6,7 @@ Two streaming passes keep memory flat in the corpus size: (1) encode chunks of l
 all cores) and append each pair to a temporary file of its source-length bucket; (2) read the
 buckets in length order into shards of at most `shard.shard_pairs` pairs, each sorted by
 (source, target) length. Pairs longer than `shard.max_len` on either side (EOS included) are
-dropped and counted, never truncated. The file format is documented in transformer/data.py.
+dropped and counted, never truncated. The file format is documented in transformer/data/batches.py.
 
 With `shard.bpe_dropout` > 0 the train split is encoded `shard.train_copies` times with
 BPE-dropout, all copies in one split, so an epoch of the sampler is that many passes over the
@@ -30,14 +30,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from transformer import settings
-from transformer.data import FORMAT, INDEX, DataError, shard_name
-from transformer.files import atomic_dir, sha256_file, write_json
-from transformer.ids import EOS_ID, UNK_ID
-from transformer.sections.download import DownloadConfig
-from transformer.sections.shard import ShardConfig
-from transformer.settings import ConfigError
-from transformer.vocab import Subwords, TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.core import settings
+from transformer.core.files import atomic_dir, sha256_file, write_json
+from transformer.core.ids import EOS_ID, UNK_ID
+from transformer.core.sections.download import DownloadConfig
+from transformer.core.sections.shard import ShardConfig
+from transformer.core.settings import ConfigError
+from transformer.data.batches import FORMAT, INDEX, DataError, shard_name
+from transformer.data.vocab import Subwords, TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
 N_BUCKETS = 32  # source-length buckets of pass 1; each one is three temporary files

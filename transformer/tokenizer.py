@@ -3,7 +3,7 @@ Unigram (SentencePiece's algorithm, Kudo 2018).
 
 One vocabulary is shared by source and target (§3.4 shares the embedding matrices too). Every
 type works on bytes (GPT-2's byte-level alphabet), so every line encodes without `<unk>` and
-decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (transformer/ids.py).
+decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (transformer/core/ids.py).
 
     python -m transformer.tokenizer data/raw data/tokenizer --metrics data/metrics/tokenizer.json
 """
@@ -22,14 +22,15 @@ from typing import Any
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from transformer import settings
-from transformer.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
-from transformer.ids import SPECIALS, UNK_ID
-from transformer.sections.download import DownloadConfig
-from transformer.sections.retrain import RetrainConfig
-from transformer.sections.tokenizer import TokenizerConfig
-from transformer.settings import ConfigError
-from transformer.vocab import (
+from transformer.core import settings
+from transformer.core.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
+from transformer.core.ids import SPECIALS, UNK_ID
+from transformer.core.layout import TOKENIZER
+from transformer.core.sections.download import DownloadConfig
+from transformer.core.sections.retrain import RetrainConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.core.settings import ConfigError
+from transformer.data.vocab import (
     CONT,
     FORMAT,
     Subwords,
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = settings.load(TokenizerConfig, "tokenizer", args.params)
         dl = settings.load(DownloadConfig, "download", args.params)
         mode = settings.load(RetrainConfig, "retrain", args.params).mode
-        parent = args.parent / "tokenizer" if args.parent and mode == "continue" else None
+        parent = args.parent / TOKENIZER if args.parent and mode == "continue" else None
         metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang), parent)
     except (TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")

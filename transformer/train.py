@@ -31,40 +31,41 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer import allocator, checkpoint, dist, ema, preempt, settings
-from transformer.checkpoint import CheckpointError
-from transformer.clock import Clock
-from transformer.data import BatchSampler, DataError, PairDataset, collate, load_split
-from transformer.decode import DecodeError
-from transformer.files import sha256_file
-from transformer.learner import Learner, n_targets
-from transformer.losses import LossSums, NonFiniteLoss
-from transformer.parent import (
-    MODEL,
+from transformer.core import allocator, dist, settings
+from transformer.core.files import sha256_file
+from transformer.core.layout import MODEL
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.retrain import RetrainConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.core.settings import ConfigError
+from transformer.data.batches import BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.data.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.model import checkpoint
+from transformer.model.checkpoint import CheckpointError
+from transformer.model.precision import resolve_precision
+from transformer.model.translator import DecodeError
+from transformer.training import ema, preempt
+from transformer.training.clock import Clock
+from transformer.training.continuation import (
     Continuation,
     ParentError,
     continuation,
     continued_train_config,
     load_parent,
 )
-from transformer.precision import resolve_precision
-from transformer.report import Report
-from transformer.resume import (
+from transformer.training.learner import Learner, n_targets
+from transformer.training.losses import LossSums, NonFiniteLoss
+from transformer.training.report import Report
+from transformer.training.resume import (
     load_resume,
     make_checkpoint,
     restore,
     started_from,
     write_checkpoint,
 )
-from transformer.rewind import Rewinder
-from transformer.sections.model import ModelConfig
-from transformer.sections.retrain import RetrainConfig
-from transformer.sections.train import TrainConfig
-from transformer.selection import STATE, Selection
-from transformer.settings import ConfigError
-from transformer.valid_bleu import ValidBleu, ValidText, load_valid_text
-from transformer.validate import validate
-from transformer.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
+from transformer.training.rewind import Rewinder
+from transformer.training.selection import STATE, Selection
+from transformer.training.validation import ValidBleu, ValidText, load_valid_text, validate
 
 RUN_ENV = "TRANSFORMER_RUN"  # the experiment a flow runs the stage for (flows/pipeline.py)
 

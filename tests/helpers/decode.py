@@ -6,13 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer import checkpoint, decode
-from transformer.ids import EOS_ID
-from transformer.model import Transformer
-from transformer.sections.model import ModelConfig
-from transformer.sections.tokenizer import TokenizerConfig
+from transformer import decode
+from transformer.core.ids import EOS_ID
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.data.vocab import tokenizer_sha256
+from transformer.model import checkpoint
+from transformer.model.network import Transformer
 from transformer.tokenizer import save_tokenizer, train_tokenizer
-from transformer.vocab import tokenizer_sha256
 
 V = 24
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 import yaml
 
-from transformer import average, checkpoint, evaluate
-from transformer.model import Transformer
-from transformer.sections.model import ModelConfig
-from transformer.sections.tokenizer import TokenizerConfig
+from transformer import average, evaluate
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.tokenizer import TokenizerConfig
+from transformer.data.vocab import tokenizer_sha256
+from transformer.model import checkpoint
+from transformer.model.network import Transformer
 from transformer.tokenizer import save_tokenizer, train_tokenizer
-from transformer.vocab import tokenizer_sha256
 
 LINES = [
     "Ein Hund läuft im Park.",

@@ -8,9 +8,10 @@ import weakref
 import torch
 
 from helpers.static import MODEL, V
-from transformer import graphs
-from transformer.config import ModelConfig, TrainConfig
-from transformer.learner import Learner
+from transformer.core.sections.model import ModelConfig
+from transformer.core.sections.train import TrainConfig
+from transformer.training import graphs
+from transformer.training.learner import Learner
 
 
 class CpuGraphs(graphs.Graphs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer.ids import EOS_ID
+from transformer.core.ids import EOS_ID
 
 MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.0}
 V = 40

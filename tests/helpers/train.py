@@ -14,7 +14,8 @@ import yaml
 
 from helpers import forked
 from helpers.forked import ROOT
-from transformer import checkpoint, download, shard, tokenizer
+from transformer import download, shard, tokenizer
+from transformer.model import checkpoint
 
 MODEL = {"d_model": 16, "d_ff": 32, "n_heads": 2, "n_layers": 2, "dropout": 0.1}
 
