@@ -25,9 +25,10 @@ from tqdm import tqdm
 
 from transformer.core import settings
 from transformer.core.files import atomic_dir, sha256_file, write_json
-from transformer.core.sections.download import DownloadConfig
+from transformer.core.sections.download import DownloadConfig, SourceSpec, part_clean
 from transformer.core.settings import ConfigError
 from transformer.data.clean import Counts, HashSet, hashes, normalize, pair_filter
+from transformer.data.crawl import CRAWL_REASONS, CrawlFilter
 from transformer.data.sources import SPLITS, BadText, Part, parts_for
 from transformer.data.wmt import SourceError
 
@@ -75,6 +76,10 @@ def clean_part(
     cc, is_train = cfg.clean, split == "train"
     normalized, filtered = is_train or cc.normalize_eval, is_train or cc.filter_eval
     counts, bad, chunk = Counts(), 0, []
+    key = f"download.splits.{split}[{part.name}].clean"
+    crawl = CrawlFilter(part_clean(cc, SourceSpec(clean=part.clean), key), *_langs(cfg))
+    if crawl.active and not is_train:  # valid / test: counted, never dropped
+        counts.flagged.update(dict.fromkeys(CRAWL_REASONS, 0))
     for line_no, raw_src, raw_tgt in tqdm(
         part.open(), desc=f"{split}: {part.name}", unit=" pairs", mininterval=1.0, leave=False
     ):
@@ -105,6 +110,11 @@ def clean_part(
             where = f"{part.name}: line {line_no}"
             src, tgt = _one_line(src, split, where), _one_line(tgt, split, where)
         reason = pair_filter(src, tgt, cc) if filtered else None
+        if crawl.active and not reason:
+            reason = crawl.reason(src, tgt)
+            if reason and not is_train:
+                counts.flagged[reason] += 1
+                reason = None
         if reason:
             counts.dropped[reason] += 1
             continue
@@ -148,6 +158,25 @@ def _flush(
     chunk.clear()
 
 
+def _langs(cfg: DownloadConfig) -> tuple[str, str]:
+    return cfg.src_lang, cfg.tgt_lang
+
+
+def check_max_drop(split: str, total: Counts, per_part: dict, max_drop: float) -> None:
+    """Stop the stage when one crawl filter removed more than `max_drop` of a part or of the
+    split (a part checked alone: unfiltered parts beside it must not hide a wrong setting)."""
+    for where, c in [*per_part.items(), ("all parts", total.as_dict())]:
+        for reason in CRAWL_REASONS:
+            n, read = c["dropped"][reason], c["read"]
+            if read and n > max_drop * read:
+                raise DownloadError(
+                    f"{split}: {where}: the {reason} filter removed {n} of {read} pairs "
+                    f"({n / read:.1%}), more than download.clean.max_drop ({max_drop}); "
+                    "check download.src_lang / tgt_lang and the part's clean settings (or "
+                    "raise max_drop if this corpus is really that noisy)"
+                )
+
+
 def download(cfg: DownloadConfig, out_dir: Path) -> dict:
     """Write out_dir/{train,valid,test}.{src_lang,tgt_lang}; return the manifest."""
     langs = (cfg.src_lang, cfg.tgt_lang)
@@ -171,6 +200,7 @@ def download(cfg: DownloadConfig, out_dir: Path) -> dict:
                     c = clean_part(part, split, cfg, dedup, evals, (fs, ft))
                     per_part[part.name] = c.as_dict()
                     total.add(c)
+            check_max_drop(split, total, per_part, cfg.clean.max_drop)
             if total.kept == 0:
                 raise DownloadError(f"{split}: no pairs left after cleaning ({total.as_dict()})")
             manifest["splits"][split] = {

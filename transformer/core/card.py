@@ -86,14 +86,31 @@ def front_matter(params: dict[str, Any], manifest: dict[str, Any] | None, runs: 
 def _data(manifest: dict[str, Any] | None, dl: dict[str, Any]) -> list[str]:
     if not manifest:
         return ["The download manifest was not given to the package stage: no counts."]
-    rows = ["| split | pairs read | pairs kept | files (sha256) |", "| --- | --- | --- | --- |"]
+    crawl = "crawl filters (wrong language / copy / script)"
+    rows = [
+        f"| split / part | pairs read | pairs kept | {crawl} | files (sha256) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for split, s in (manifest.get("splits") or {}).items():
         files = ", ".join(f"{n} `{f['sha256'][:12]}`" for n, f in (s.get("files") or {}).items())
-        rows.append(f"| {split} | {s.get('read')} | {s.get('kept')} | {files} |")
+        rows.append(f"| {split} | {s.get('read')} | {s.get('kept')} | {_crawl(s)} | {files} |")
+        for name, part in (s.get("parts") or {}).items():
+            rows.append(
+                f"| {split}: {name} | {part.get('read')} | {part.get('kept')} | {_crawl(part)} | |"
+            )
     src = manifest.get("source", dl.get("source"))
     where = f" (`{dl.get('hf_path')}` {dl.get('hf_name')})" if src == "hf" else ""
     head = f"Source: `{src}`{where}; references cleaned: {manifest.get('eval_cleanup')}."
     return [head, "", *rows]
+
+
+def _crawl(counts: dict[str, Any]) -> str:
+    """The crawl filters' counts: pairs dropped (train) or only flagged (valid / test)."""
+    keys = ("wrong_language", "copy", "script")
+    if counts.get("flagged"):
+        return "flagged, kept: " + " / ".join(str(counts["flagged"].get(k, 0)) for k in keys)
+    dropped = counts.get("dropped") or {}
+    return " / ".join(str(dropped.get(k, 0)) for k in keys)
 
 
 def model_card(

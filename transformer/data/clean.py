@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from transformer.core.sections.download import CleanConfig
+from transformer.data.crawl import CRAWL_REASONS
 
 REASONS = (
     "invalid_utf8",
@@ -28,6 +29,7 @@ REASONS = (
     "ratio",
     "duplicate",
     "eval_overlap",
+    *CRAWL_REASONS,  # transformer/data/crawl.py: wrong_language, copy, script
 )
 # Characters that str.splitlines() or a reader in text mode treats as line ends: they would
 # break line alignment, so they always become spaces, whatever the config says ("\n" itself
@@ -41,23 +43,29 @@ _CONTROL_TABLE.update(_BREAK_TABLE)
 
 @dataclass
 class Counts:
-    """Lines read, pairs kept and pairs dropped by reason, for one part or one split."""
+    """Lines read, pairs kept and pairs dropped by reason, for one part or one split; in valid
+    and test, the pairs each crawl filter would have dropped (`flagged`: counted, kept)."""
 
     read: int = 0
     kept: int = 0
     dropped: Counter = field(default_factory=Counter)
+    flagged: Counter = field(default_factory=Counter)
 
     def add(self, other: Counts) -> None:
         self.read += other.read
         self.kept += other.kept
         self.dropped.update(other.dropped)
+        self.flagged.update(other.flagged)
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "read": self.read,
             "kept": self.kept,
             "dropped": {r: self.dropped.get(r, 0) for r in REASONS},
         }
+        if self.flagged:
+            out["flagged"] = {r: self.flagged.get(r, 0) for r in CRAWL_REASONS}
+        return out
 
 
 def normalize(text: str, cfg: CleanConfig) -> str:

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 from typing import IO
@@ -57,6 +57,7 @@ class Part:
 
     name: str
     open: Callable[[], Iterator[Record]]
+    clean: dict = field(default_factory=dict)  # its own crawl-filter settings (SourceSpec.clean)
 
 
 def parts_for(cfg: DownloadConfig, split: str) -> list[Part]:
@@ -83,7 +84,11 @@ def parts_for(cfg: DownloadConfig, split: str) -> list[Part]:
                 f"(valid: {', '.join(FORMATS)})"
             )
     return [
-        Part(_name(spec, cfg), functools.partial(_records, cfg, spec, split != "train"))
+        Part(
+            _name(spec, cfg),
+            functools.partial(_records, cfg, spec, split != "train"),
+            spec.clean,
+        )
         for spec in specs
     ]
 

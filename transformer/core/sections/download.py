@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlparse
 
 from transformer.core.settings import ConfigError, at_least, choice
@@ -22,6 +24,24 @@ class CleanConfig:
     # and the normalisation (control, NFC, whitespace) apply to them too, labelled in the metrics
     filter_eval: bool = False
     normalize_eval: bool = False
+    # filters for web-crawled text (transformer/data/crawl.py): train pairs dropped and counted
+    # by reason; valid / test only counted ("flagged"), never changed, whatever filter_eval says
+    langid: bool = False  # both sides identified (py3langid) as download.src_lang / tgt_lang
+    langid_min_prob: float = 0.9  # a side is wrong only when another language is this likely
+    langid_min_words: int = 3  # a side of fewer words is too short to judge
+    copies: bool = False  # the target a copy of the source (or nearly)
+    copy_overlap: float = 0.8  # word-set Jaccard of the two sides (lowercased letters) >= this
+    script: bool = False  # a side mostly digits, punctuation or another script
+    min_script_ratio: float = 0.4  # letters of the side's script / its non-space characters
+    # a crawl filter removing more than this share of a split's pairs stops the stage (a wrong
+    # language code must not silently empty a corpus); 1.0 disables the guard
+    max_drop: float = 0.5
+
+    def __post_init__(self) -> None:
+        at_least("download.clean", self, 0, "langid_min_words")
+        for k in ("langid_min_prob", "copy_overlap", "min_script_ratio", "max_drop"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                raise ConfigError(f"download.clean.{k} must be in [0, 1], got {getattr(self, k)}")
 
     def eval_cleanup(self) -> str:
         """What the download stage changes in valid and test, in words: the label the manifest
@@ -60,6 +80,35 @@ class SourceSpec:
     sha256: str = ""  # of the downloaded file; checked when given
     name: str = ""  # the part's name in the manifest; default: from the file names
     hf_split: str = ""  # hf: the dataset split (train / validation / test)
+    # this part's own crawl-filter settings over download.clean's (PART_KEYS), e.g. the crawl
+    # filtered while Europarl keeps the general rules: {langid: true, copies: true}
+    clean: dict[str, Any] = field(default_factory=dict)
+
+
+# the download.clean keys a part may set for itself
+PART_KEYS = (
+    "langid",
+    "langid_min_prob",
+    "langid_min_words",
+    "copies",
+    "copy_overlap",
+    "script",
+    "min_script_ratio",
+)
+
+
+def part_clean(clean: CleanConfig, spec: SourceSpec, key: str) -> CleanConfig:
+    """download.clean with the part's own settings (`spec.clean`, at dotted `key`) over it."""
+    for k, v in spec.clean.items():
+        if k not in PART_KEYS:
+            raise ConfigError(f"unknown key {key}.{k} (a part may set: {', '.join(PART_KEYS)})")
+        want = type(getattr(clean, k))
+        if isinstance(v, bool) != (want is bool) or not isinstance(v, (want, int)):
+            raise ConfigError(f"{key}.{k} must be {want.__name__}, got {v!r}")
+    try:
+        return dataclasses.replace(clean, **spec.clean)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 SOURCES = ("synthetic", "local", "wmt", "hf")
@@ -91,6 +140,9 @@ class DownloadConfig:
         at_least("download", self, 0, "retries", "backoff")
         if self.timeout <= 0:
             raise ConfigError(f"download.timeout must be > 0 seconds, got {self.timeout}")
+        for split, specs in self.splits.items():
+            for i, spec in enumerate(specs):
+                part_clean(self.clean, spec, f"download.splits.{split}[{i}].clean")
         mirror = urlparse(self.mirror)
         if self.mirror and (mirror.scheme not in ("http", "https") or not mirror.netloc):
             raise ConfigError(
