@@ -54,6 +54,39 @@ def test_synthetic_de_en_swaps_sides(tmp_path):
     assert any("Euro" in s or " am " in s or "dass" in s for s in lines(out / "train.de"))
 
 
+@pytest.mark.parametrize("pair", [("en", "fr"), ("de", "de")])
+def test_synthetic_refuses_a_pair_it_cannot_make(tmp_path, pair):
+    with pytest.raises(
+        SystemExit,
+        match=rf"params.yaml: download.src_lang / download.tgt_lang: the synthetic source "
+        rf"makes en -> de or de -> en, got {pair[0]} -> {pair[1]}",
+    ):
+        run_cli(tmp_path, {"source": "synthetic", "src_lang": pair[0], "tgt_lang": pair[1]})
+
+
+def test_demo_de_en_preset_is_the_demo_reversed(tmp_path):
+    """The demo-de-en preset's download stage: German sources, English targets, line-aligned,
+    every split (valid and test too) the en-de demo's pairs with the sides swapped."""
+    from transformer import config
+
+    raw = {}
+    for name in ("demo", "demo-de-en"):
+        params = tmp_path / f"{name}.yaml"
+        config.main(["preset", name, "--out", str(params)])
+        tree = yaml.safe_load(params.read_text())
+        tree["download"]["synthetic"].update(train=200, valid=30, test=30)  # the demo's, fewer
+        params.write_text(yaml.safe_dump(tree))
+        raw[name], manifest = tmp_path / name / "raw", tmp_path / name / "download.json"
+        download.main([str(raw[name]), "--manifest", str(manifest), "--params", str(params)])
+    deen = json.loads((tmp_path / "demo-de-en" / "download.json").read_text())
+    assert (deen["src_lang"], deen["tgt_lang"]) == ("de", "en")
+    for split in download.SPLITS:
+        de, en = lines(raw["demo-de-en"] / f"{split}.de"), lines(raw["demo-de-en"] / f"{split}.en")
+        assert len(de) == len(en) == deen["splits"][split]["kept"] > 0
+        assert (de, en) == (lines(raw["demo"] / f"{split}.de"), lines(raw["demo"] / f"{split}.en"))
+    assert any(" dass " in s for s in de) and not any(" dass " in s for s in en)
+
+
 def test_unknown_source_lists_valid(tmp_path):
     with pytest.raises(
         SystemExit,
@@ -447,6 +480,25 @@ def test_multi30k_preset_real_text(tmp_path):
     assert m["splits"]["test"]["kept"] == 1000 and m["splits"]["valid"]["kept"] == 1014
     assert 28000 < m["splits"]["train"]["kept"] <= 29000
     assert lines(out / "test.en")[0] == lines(DATA / "multi30k" / "test_2016_flickr.en")[0].strip()
+
+
+@needs_data
+def test_multi30k_en_fr_preset_reads_the_french_files(tmp_path):
+    from transformer.core import presets
+
+    preset = presets.preset_params("multi30k-en-fr")["download"]  # validated as a whole
+    for specs in preset["splits"].values():  # the preset's paths are relative to the repo root
+        for s in specs:
+            s["path"] = str(ROOT / s["path"])
+    out, m = run_cli(tmp_path, {**preset, "cache_dir": str(tmp_path / "c")})
+    assert (m["src_lang"], m["tgt_lang"]) == ("en", "fr")
+    assert m["splits"]["test"]["kept"] == 1000 and m["splits"]["valid"]["kept"] == 1014
+    assert 28000 < m["splits"]["train"]["kept"] <= 29000
+    for split, name in (("test", "test_2016_flickr"), ("valid", "val")):
+        released = [s.rstrip() for s in lines(DATA / "multi30k" / f"{name}.fr")]  # as sacreBLEU
+        assert lines(out / f"{split}.fr") == released
+        assert len(lines(out / f"{split}.en")) == len(lines(out / f"{split}.fr"))
+    assert not (out / "train.de").exists()
 
 
 @needs_data

@@ -124,8 +124,10 @@ def test_train_writes_checkpoints_and_dvclive(corpus, tmp_path):
         ]
     )
     names = [p.name for p in checkpoint.list_checkpoints(out)]
-    assert names == ["step_00000004.pt", "step_00000006.pt"]  # keep_last 2, the stale one gone
-    assert sorted(p.name for p in out.iterdir()) == names  # and the half-written one
+    assert names == ["step_00000004.pt", "step_00000006.pt"]  # keep_last 2, the stale one aside
+    assert sorted(p.name for p in out.iterdir()) == names  # and the half-written one gone
+    (aside,) = (tmp_path / "ckpt.aside").iterdir()
+    assert [p.name for p in aside.iterdir()] == ["step_00000099.pt"]
     assert checkpoint.load(out / names[0])["final"] is False
     ckpt = checkpoint.load(out / names[-1])
     assert ckpt["final"] is True
@@ -183,6 +185,50 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_the_one_before_resumed
         corpus, ckpts, write_params(tmp_path / "other.yaml", max_steps=5, lr_scale=1.0), "--resume"
     )  # another config starts fresh: the old run's unreadable files go too
     assert not aside.parent.exists()
+
+
+@pytest.mark.slow  # four train processes
+def test_another_recipes_checkpoints_are_moved_aside_intact_and_resume_from_there(corpus, tmp_path):
+    """A run of another recipe (a line B in line A's workspace) must not destroy line A's
+    checkpoints: they go, whole and loadable, to CKPT_DIR.aside/, B starts from step 1, and A's
+    set put back resumes exactly as if never interrupted."""
+    a, a_more = (write_params(tmp_path / f"a{n}.yaml", max_steps=n) for n in (6, 8))
+    b = write_params(tmp_path / "b.yaml", lr_scale=1.0)
+    ckpts = tmp_path / "ckpt"
+    run(corpus, ckpts, a)
+    before = {p.name: p.read_bytes() for p in ckpts.iterdir()}
+    out = run(corpus, ckpts, b, "--resume")
+    (aside,) = (tmp_path / "ckpt.aside").iterdir()
+    assert f"moved aside to {aside}; this run counts its steps from 1" in out
+    assert "train_config differs ['lr_scale']" in out and "resuming from" not in out
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == before  # intact
+    assert checkpoint.load(aside / "step_00000006.pt")["train_config"]["lr_scale"] == 2.0
+    ckpt_b = checkpoint.load(checkpoint.step_path(ckpts, 6))
+    assert ckpt_b["train_config"]["lr_scale"] == 1.0 and ckpt_b["origin"] is None
+    assert [checkpoint.step_of(p) for p in checkpoint.list_checkpoints(ckpts)] == [4, 6]
+
+    ckpts.rename(tmp_path / "b_ckpt")  # line A's set back where the stage resumes from
+    aside.rename(ckpts)
+    out = run(corpus, ckpts, a_more, "--resume")
+    assert f"resuming from {checkpoint.step_path(ckpts, 6)} (step 6)" in out
+    run(corpus, tmp_path / "straight", a_more)  # never interrupted
+    resumed = checkpoint.load(checkpoint.step_path(ckpts, 8))["model"]
+    straight = checkpoint.load(checkpoint.step_path(tmp_path / "straight", 8))["model"]
+    assert all(torch.equal(v, straight[k]) for k, v in resumed.items())
+
+
+def test_at_most_keep_aside_sets_are_kept(tmp_path):
+    from transformer.training.resume import KEEP_ASIDE, move_aside
+
+    ckpts = tmp_path / "ckpt"
+    sets = []
+    for step in range(1, KEEP_ASIDE + 3):
+        ckpts.mkdir(exist_ok=True)
+        torch.save({"step": step}, checkpoint.step_path(ckpts, step))
+        sets.append(move_aside(ckpts))
+        assert list(ckpts.iterdir()) == [] and sets[-1].is_dir()
+    assert sorted((tmp_path / "ckpt.aside").iterdir()) == sets[-KEEP_ASIDE:]
+    assert [p.name for p in sets[-1].iterdir()] == [f"step_{KEEP_ASIDE + 2:08d}.pt"]
 
 
 def signalled_once_saved(corpus: Path, tmp_path: Path, sig: int) -> tuple[int, str]:

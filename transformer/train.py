@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="continue from the newest checkpoint of the same config in ckpt_dir "
         "(without it, or when the config differs, the checkpoints already "
-        "in ckpt_dir are removed and training starts fresh)",
+        "in ckpt_dir are moved aside, whole, to CKPT_DIR.aside/ and training starts fresh)",
     )
     parser.add_argument(
         "--parent",

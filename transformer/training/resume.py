@@ -4,13 +4,15 @@ A run continues from the newest checkpoint in its directory only if a fresh run 
 params.yaml would pass through it (same model, tokenizer, shards, batching, rate, ...); then it
 restores the weights, Adam, the schedule, every rank's RNG and the data position, and ends with
 the same weights as an uninterrupted run (CPU, same process count). Otherwise the old checkpoints
-are removed and the run starts afresh. Only rank 0 writes checkpoints.
+are moved aside, whole, into CKPT_DIR.aside/ (another recipe's run may want them back) and the run
+starts afresh. Only rank 0 writes checkpoints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,10 @@ RESUME_FREE_KEYS = frozenset(
 
 
 UNREADABLE = "unreadable"  # the subfolder of CKPT_DIR where unreadable checkpoints are moved
+# Another recipe's checkpoints go to the sibling CKPT_DIR.aside/, not into CKPT_DIR: that is the
+# train stage's output, which DVC hashes and the average stage reads. The newest KEEP_ASIDE sets
+# are kept there; older ones are deleted, each named in the log.
+ASIDE_SUFFIX, KEEP_ASIDE = ".aside", 3
 
 
 def newest_readable(ckpt_dir: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -202,16 +208,15 @@ def load_resume(
     if dist.is_main():
         path, why = find_resume(ckpt_dir, meta) if resume else (None, "--resume not given")
         remove_partial_writes(ckpt_dir, "step_*.pt")  # of a process killed while it saved
-        stale = checkpoint.list_checkpoints(ckpt_dir)
-        if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
-            dist.print0(
-                f"not resuming ({why}): {len(stale)} checkpoint(s) of an earlier run in "
-                f"{ckpt_dir} removed; this run counts its steps from 1"
-            )
-            for p in stale:
-                p.unlink()
         if path is None:  # the unreadable ones of the run that is being replaced
             shutil.rmtree(Path(ckpt_dir) / UNREADABLE, ignore_errors=True)
+        stale = checkpoint.list_checkpoints(ckpt_dir)
+        if path is None and stale:  # a fresh run: older checkpoints would mix into averaging
+            aside = move_aside(Path(ckpt_dir))
+            dist.print0(
+                f"not resuming ({why}): {len(stale)} checkpoint(s) of an earlier run in "
+                f"{ckpt_dir} moved aside to {aside}; this run counts its steps from 1"
+            )
     path = dist.broadcast_object(str(path) if path else None)
     if path is None:
         return None, ""
@@ -220,3 +225,41 @@ def load_resume(
     ckpt = ckpt if visible else dist.broadcast_object(ckpt)
     dist.print0(f"resuming from {path} (step {ckpt['step']})")
     return ckpt, path
+
+
+def aside_root(ckpt_dir: Path) -> Path:
+    """CKPT_DIR.aside beside the real folder (a symlinked CKPT_DIR: beside its target, on the
+    same filesystem, so that a set moves by one rename)."""
+    real = Path(ckpt_dir).resolve()
+    return real.with_name(real.name + ASIDE_SUFFIX)
+
+
+def move_aside(ckpt_dir: Path, keep: int = KEEP_ASIDE) -> Path:
+    """Move CKPT_DIR's contents, whole, to CKPT_DIR.aside/<UTC time>-step<newest step>/ and
+    leave CKPT_DIR empty; the set's folder. One rename of the folder: a process killed meanwhile
+    leaves the set either all in CKPT_DIR (the next start moves it again) or all aside. Where
+    CKPT_DIR cannot be renamed (a mount point), the files move one by one under a hidden name
+    that becomes the set's name only once all are there (killed meanwhile: the files not yet
+    moved stay in CKPT_DIR, and the next start moves them aside as a set of their own)."""
+    real, root = Path(ckpt_dir).resolve(), aside_root(ckpt_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    step = checkpoint.step_of(checkpoint.list_checkpoints(real)[-1])
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name, n = f"{stamp}-step{step:08d}", 1
+    while (root / name).exists():
+        n += 1
+        name = f"{stamp}-step{step:08d}-{n}"
+    dest = root / name
+    try:
+        real.rename(dest)
+        real.mkdir()
+    except OSError:  # a mount point, or CKPT_DIR busy: file by file, then one rename
+        moving = root / f".{name}.moving"
+        moving.mkdir()
+        for p in sorted(real.iterdir()):
+            shutil.move(p, moving / p.name)
+        moving.rename(dest)
+    for old in sorted(p for p in root.iterdir() if not p.name.startswith("."))[:-keep]:
+        shutil.rmtree(old)  # sets are named by time: the oldest first
+        dist.print0(f"removed {old}: more than {keep} sets of checkpoints aside")
+    return dest

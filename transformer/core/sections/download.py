@@ -112,6 +112,7 @@ def part_clean(clean: CleanConfig, spec: SourceSpec, key: str) -> CleanConfig:
 
 
 SOURCES = ("synthetic", "local", "wmt", "hf")
+SYNTHETIC_PAIRS = (("en", "de"), ("de", "en"))  # the one corpus, read either way
 
 
 @dataclass
@@ -137,6 +138,13 @@ class DownloadConfig:
 
     def __post_init__(self) -> None:
         choice("download.source", self.source, SOURCES)
+        pair = (self.src_lang, self.tgt_lang)
+        if self.source == "synthetic" and pair not in SYNTHETIC_PAIRS:
+            raise ConfigError(
+                f"download.src_lang / download.tgt_lang: the synthetic source makes en -> de or "
+                f"de -> en, got {pair[0]} -> {pair[1]} (other pairs: download.source local, "
+                "wmt or hf; docs/data.md)"
+            )
         at_least("download", self, 0, "retries", "backoff")
         if self.timeout <= 0:
             raise ConfigError(f"download.timeout must be > 0 seconds, got {self.timeout}")
