@@ -29,6 +29,11 @@ PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
 OPTIONAL = ("test_sha256", "tokenizer_sha256")
 
 
+class Unreadable(Exception):
+    """A file the snapshot's commit tracks that cannot be read: its DVC cache entry missing and
+    the remote unreachable, an OS error. Never taken for an absent file (the gate fails closed)."""
+
+
 class Snapshot:
     """A project's files in its folder (rev None) or at a commit (DVC-tracked files through DVC,
     from the local cache or the remote, through the commit's one DVC file system: dag.files_at)."""
@@ -55,8 +60,9 @@ class Snapshot:
 
     def tracked(self, path: str) -> bytes | None:
         """A file git or DVC tracks at the snapshot's commit (or in the folder), byte for byte;
-        None if absent."""
+        None if the commit has no such file; Unreadable if it has one that cannot be read."""
         from dvc.exceptions import DvcException
+        from dvc_data.index import DataIndexError
 
         if self.rev is None:
             p = self.project / path
@@ -64,10 +70,19 @@ class Snapshot:
         sha = commit_sha(self.project, self.rev)
         if sha is None:
             return None
+        fs = files_at(str(self.project.resolve()), sha)
         try:  # dvc.yaml's paths: relative, "/"-separated, as the file system takes them
-            return files_at(str(self.project.resolve()), sha).read_bytes(path)
-        except (DvcException, OSError):
-            return None
+            return fs.read_bytes(path)
+        except FileNotFoundError as e:
+            if not fs.exists(path):  # in neither git's tree nor DVC's index of the commit
+                return None
+            error: Exception = e  # DVC knows it, yet no cache or remote holds its content
+        except (DvcException, DataIndexError, OSError) as e:  # e.g. a directory's listing lost
+            error = e
+        raise Unreadable(
+            f"{path} at {sha[:9]} cannot be read ({type(error).__name__}: {error}); "
+            "`dvc pull` it or make the DVC remote reachable"
+        ) from error
 
     def git(self, *args: str) -> str:
         r = subprocess.run(
