@@ -82,6 +82,12 @@ elif stage == "stats":
     dump("data/stats.json", {"lines": len(open("data/raw/train.en").readlines())})
 elif stage == "train":  # persist: a killed run's retry finds its checkpoints, as the real one
     steps = P["train"]["max_steps"]
+    if env("TOY_OOM_TRAIN") and os.path.exists(env("TOY_OOM_TRAIN")):  # as torch raises it
+        from transformer.core import failure
+        OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})
+        def oom():
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        failure.recorded("train", oom)()
     if env("TOY_FAIL_TRAIN") and os.path.exists(env("TOY_FAIL_TRAIN")):
         print("Traceback (most recent call last):", flush=True)
         sys.exit("error: data/shards/train.bin: not a shard (simulated corruption)")

@@ -66,6 +66,7 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pat
             "TOY_HOLD",
             "TOY_STARTED",
             "TOY_FAIL_TRAIN",
+            "TOY_OOM_TRAIN",
         )
     }
     files["TOY_BARRIER"].mkdir()
@@ -673,6 +674,29 @@ def test_a_failed_run_names_its_cause_and_changes_nothing(
     last = r.stdout.splitlines()[-1]
     assert r.returncode == 1 and "ended Failed" in last and "in stage train: " in last, r.stdout
     assert cause in last
+    untouched(project)
+
+
+@pytest.mark.slow
+def test_a_stages_out_of_memory_error_is_named_as_such(
+    project, prefect_server: dict, controls: dict
+) -> None:
+    """The stage's failure record (transformer/core/failure.py), not DVC's "failed to
+    reproduce" wrapper nor a guessed line, names a dotted exception in the run's state."""
+    controls["TOY_OOM_TRAIN"].touch()
+    try:
+        r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=80"]')
+    finally:
+        controls["TOY_OOM_TRAIN"].unlink()
+    state = flow_run(run_id(r.stdout)).state
+    assert state.is_failed(), state
+    cause = (
+        "stage train failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "2.00 GiB (simulated) (stage train)"
+    )
+    assert cause in state.message, state.message
+    assert "failed to reproduce" not in state.message.splitlines()[0]
+    assert r.returncode == 1 and cause in r.stdout.splitlines()[-1], r.stdout
     untouched(project)
 
 
