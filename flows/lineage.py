@@ -23,6 +23,7 @@ from transformer.core.settings import parse_yaml
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
+TRAIN = "train"  # dvc.yaml: its metrics' `origin`, the run whose checkpoints it went on from
 
 # evaluate's values that metrics written by older versions of the stage may lack: the record
 # falls back to the manifest's and DVC's hashes (test_set_hash, lineage)
@@ -213,6 +214,9 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     else:  # a project without the parent stage
         record["parent"] = record["parent_chain"] = None
     record["parent_hash"] = outs_hash(lock, dag, PARENT) or None  # the package DVC saw
+    trained = read_metrics(snap, dag.get(TRAIN))  # a run that went on from another's checkpoints
+    origin = {k.removeprefix("origin/"): v for k, v in trained.items() if k.startswith("origin/")}
+    record["origin"] = origin or None
     record["code_revision"] = rev
     record["code_hash"] = code_hash(lock_text)
     record["params_sha256"] = params_hash(snap.text("params.yaml"))

@@ -757,6 +757,20 @@ def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
     assert lineage(Snapshot(tmp_path), {"download": dag["download"]}, "HEAD")["shards_hash"] is None
 
 
+def test_lineage_carries_the_origin_the_train_stage_recorded(tmp_path):
+    """A run that went on from another run's checkpoints: the train stage's metrics say from
+    which (test_flows_outcomes runs the real stage), and so does the lineage record the
+    pipeline's `lineage` artifact lists field by field."""
+    metric = "data/live/metrics.json"
+    dag = {"train": Stage("train", (), ("data/checkpoints", metric), (metric,), (), (metric,))}
+    origin = {"from": "pipeline-a", "step": 4, "seconds": 12.5}
+    (tmp_path / "data/live").mkdir(parents=True)
+    (tmp_path / metric).write_text(json.dumps({"step": 8, "origin": origin}))
+    assert lineage(Snapshot(tmp_path), dag, "HEAD")["origin"] == origin
+    (tmp_path / metric).write_text(json.dumps({"step": 8}))  # a fresh run
+    assert lineage(Snapshot(tmp_path), dag, "HEAD")["origin"] is None
+
+
 def test_the_next_decision_publishes_what_a_down_remote_missed(
     toy: Path, prefect_server: dict, tmp_path: Path
 ) -> None:
