@@ -23,10 +23,16 @@ from transformer.core.settings import parse_yaml
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
+TRAIN = "train"  # dvc.yaml: its metrics' `origin`, the run whose checkpoints it went on from
 
 # evaluate's values that metrics written by older versions of the stage may lack: the record
 # falls back to the manifest's and DVC's hashes (test_set_hash, lineage)
 OPTIONAL = ("test_sha256", "tokenizer_sha256")
+
+
+class Unreadable(Exception):
+    """A file the snapshot's commit tracks that cannot be read: its DVC cache entry missing and
+    the remote unreachable, an OS error. Never taken for an absent file (the gate fails closed)."""
 
 
 class Snapshot:
@@ -55,8 +61,9 @@ class Snapshot:
 
     def tracked(self, path: str) -> bytes | None:
         """A file git or DVC tracks at the snapshot's commit (or in the folder), byte for byte;
-        None if absent."""
+        None if the commit has no such file; Unreadable if it has one that cannot be read."""
         from dvc.exceptions import DvcException
+        from dvc_data.index import DataIndexError
 
         if self.rev is None:
             p = self.project / path
@@ -64,10 +71,19 @@ class Snapshot:
         sha = commit_sha(self.project, self.rev)
         if sha is None:
             return None
+        fs = files_at(str(self.project.resolve()), sha)
         try:  # dvc.yaml's paths: relative, "/"-separated, as the file system takes them
-            return files_at(str(self.project.resolve()), sha).read_bytes(path)
-        except (DvcException, OSError):
-            return None
+            return fs.read_bytes(path)
+        except FileNotFoundError as e:
+            if not fs.exists(path):  # in neither git's tree nor DVC's index of the commit
+                return None
+            error: Exception = e  # DVC knows it, yet no cache or remote holds its content
+        except (DvcException, DataIndexError, OSError) as e:  # e.g. a directory's listing lost
+            error = e
+        raise Unreadable(
+            f"{path} at {sha[:9]} cannot be read ({type(error).__name__}: {error}); "
+            "`dvc pull` it or make the DVC remote reachable"
+        ) from error
 
     def git(self, *args: str) -> str:
         r = subprocess.run(
@@ -198,6 +214,9 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     else:  # a project without the parent stage
         record["parent"] = record["parent_chain"] = None
     record["parent_hash"] = outs_hash(lock, dag, PARENT) or None  # the package DVC saw
+    trained = read_metrics(snap, dag.get(TRAIN))  # a run that went on from another's checkpoints
+    origin = {k.removeprefix("origin/"): v for k, v in trained.items() if k.startswith("origin/")}
+    record["origin"] = origin or None
     record["code_revision"] = rev
     record["code_hash"] = code_hash(lock_text)
     record["params_sha256"] = params_hash(snap.text("params.yaml"))

@@ -30,6 +30,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import registry, significance
+from flows.lineage import Unreadable
 from flows.shell import logger, read_section, workspace_lock
 from flows.workspace import WorkspaceError, git
 from transformer.core.settings import ConfigError
@@ -64,7 +65,11 @@ def gate(
     new, old = float(candidate["bleu"]), float(champion["bleu"])
     if tester is not None:
         rules = replace(rules or significance.Rules(), margin=margin)
-        return significance.judge(candidate["split"], (new, old), *tester(), rules)
+        try:
+            found = tester()
+        except Unreadable as e:  # fails closed: never judged on less than the records promise
+            return False, f"the gate cannot read what it must compare: {e}; champion kept"
+        return significance.judge(candidate["split"], (new, old), *found, rules)
     if new - old > margin:
         return True, f"candidate BLEU {new:.2f} beats champion {old:.2f} by more than {margin}"
     return False, (
@@ -110,7 +115,11 @@ def decide(
     `margin`)."""
     registry.publish_pending(project)
     candidate = registry.record_at(project, commit)
-    before = registry.champion(project)
+    lost = None
+    try:
+        before = registry.champion(project)
+    except Unreadable as e:  # its metrics lost: never "no champion yet"
+        before, lost = None, f"the champion's record cannot be read: {e}; champion kept"
     rules = replace(rules or significance.Rules(), margin=margin)
     tested: dict[str, Any] = {"rules": asdict(rules), "tests": [], "untested": []}
 
@@ -119,7 +128,9 @@ def decide(
         tested["tests"], tested["untested"] = found
         return found
 
-    if before and before.get("experiment_commit") == commit:
+    if lost:
+        promote, reason = False, lost
+    elif before and before.get("experiment_commit") == commit:
         promote, reason = False, "the candidate is the champion already"
     else:
         promote, reason = gate(candidate, before, margin, tester, rules)
@@ -234,10 +245,18 @@ def head(out: dict[str, Any], title: str, verdict: str, rows: list) -> list[str]
 
 
 @flow(name="promote", log_prints=True)
-def promote(experiment: str, project: str = ".", margin: float | None = None) -> dict[str, Any]:
-    """Gate experiment `experiment` (name or revision); promote it if it beats the champion."""
+def promote(
+    experiment: str,
+    project: str = ".",
+    margin: float | None = None,
+    allow_margin_only: bool = False,
+) -> dict[str, Any]:
+    """Gate experiment `experiment` (name or revision); promote it if it beats the champion.
+    `allow_margin_only`: as retrain.allow_margin_only set for this decision."""
     root = Path(project).resolve()
     rules = significance.Rules.of(read_section(root, "retrain"))
+    if allow_margin_only:
+        rules = replace(rules, allow_margin_only=True)
     margin = rules.margin if margin is None else margin
     with workspace_lock(root):
         commit = resolve_experiment(root, experiment)
@@ -266,11 +285,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--margin", type=float, help="BLEU the champion must be beaten by (default: retrain.margin)"
     )
+    parser.add_argument(
+        "--allow-margin-only",
+        action="store_true",
+        help="where a record never kept hypotheses, let the margin alone decide "
+        "(retrain.allow_margin_only; hypotheses kept but unreadable are refused regardless)",
+    )
     args = parser.parse_args(argv)
     try:
         # checked before the flow starts: a bad params.yaml is one line, not a failed run
         margin = retrain_margin(args.project) if args.margin is None else args.margin
-        out = promote(args.experiment, args.project, margin)
+        out = promote(args.experiment, args.project, margin, args.allow_margin_only)
     except (WorkspaceError, registry.RegistryError, ConfigError) as e:
         sys.exit(f"error: {e}")
     print(

@@ -5,7 +5,9 @@ Each command runs in a process group of its own, killed when the flow stops wait
 except progress-bar refreshes (lines ended by a carriage return, or a bar a later line was
 printed after), of which at most one per PROGRESS_EVERY_S seconds is logged, blank lines, and
 DVC's git advice, which does not apply to a workspace the flows own; an indented JSON object
-(metrics) is one line: a 100k-step training run then writes hundreds of lines, not 100k.
+(metrics) is one line: a 100k-step training run then writes hundreds of lines, not 100k. A
+failed command is named by the failure record its stage wrote (transformer/core/failure.py),
+else by its last error line (CAUSE).
 """
 
 from __future__ import annotations
@@ -17,14 +19,20 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from transformer.core.failure import FAILURE_RECORD
+from transformer.core.failure import cause as failure_cause
+from transformer.core.failure import read as read_record
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
 # causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
@@ -39,7 +47,9 @@ TRANSIENT = re.compile(
 # a cancelled run's stop): it saved the update in progress, and --resume goes on from it
 PREEMPTED = 75
 EXITED_PREEMPTED = re.compile(rf"exited with {PREEMPTED}\b")
-CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^\w*(Error|Exception): ")
+# the fallback where a command wrote no failure record (transformer/core/failure.py): its last
+# error line, dotted exception names included (torch.OutOfMemoryError: ...)
+CAUSE = re.compile(r"^(error|ERROR|fatal)\b|^[\w.]*(Error|Exception): ")
 WRAPPER = re.compile(r"^ERROR: failed to reproduce ")  # DVC's summary of the stage's own error
 ADVICE = re.compile(
     r"^(To track the changes with git, run:|To enable auto staging, run:|\s+git add |"
@@ -63,7 +73,14 @@ class CommandError(RuntimeError):
     """A command exited non-zero. The message's first line names the cause: the last error line
     of its output (the run's state message, what `python -m flows.run --wait` prints)."""
 
-    def __init__(self, what: str, cmd: list[str], code: int, tail: list[str]):
+    def __init__(
+        self,
+        what: str,
+        cmd: list[str],
+        code: int,
+        tail: list[str],
+        record: dict[str, Any] | None = None,
+    ):
         self.lock_busy = any(m in line for line in tail for m in LOCK_BUSY)
         judged = without_stopped_ranks(tail)
         self.transient = (
@@ -72,7 +89,8 @@ class CommandError(RuntimeError):
             or any(TRANSIENT.search(line) for line in judged)
         )
         self.preempted = code == PREEMPTED or any(EXITED_PREEMPTED.search(t) for t in tail)
-        self.cause = cause(tail) or f"exit status {code}"
+        self.record = record  # the stage's own account of its failure, where it wrote one
+        self.cause = failure_cause(record) if record else cause(tail) or f"exit status {code}"
         if self.preempted:
             self.cause = f"exit {PREEMPTED}: it saved its update in progress, a retry resumes it"
         super().__init__(
@@ -208,17 +226,24 @@ def run(
         raise Stopped(f"{what or command_line(cmd)}: not started, the flow run is ending")
     log = logger()
     log.info("$ %s", command_line(cmd))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stage output reaches the logs as it is printed
+    # outside the workspace: no DVC output, nothing git sees; one per command
+    records = Path(tempfile.mkdtemp(prefix="stage-failure-"))
+    record = records / "failure.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", FAILURE_RECORD: str(record)}
     lines: list[str] = []
     out = Output(log, progress_every_s)
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,  # PYTHONUNBUFFERED: stage output reaches the logs as it is printed
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except BaseException:
+        shutil.rmtree(records, ignore_errors=True)
+        raise
     _running.add(proc)
     try:
         for text, progress in segments(proc.stdout):
@@ -233,12 +258,14 @@ def run(
     finally:
         stop_group(proc)
         _running.discard(proc)
+        failed = read_record(record)
+        shutil.rmtree(records, ignore_errors=True)
     if proc.returncode and _orphaned.is_set():
         threading.Event().wait()  # stopped by the orphan watch, which reports and exits
     if proc.returncode and _stopping.is_set():
         raise Stopped(f"{what or command_line(cmd)}: stopped (exit {proc.returncode})")
     if proc.returncode:
-        raise CommandError(what or " ".join(cmd[:4]), cmd, proc.returncode, lines)
+        raise CommandError(what or " ".join(cmd[:4]), cmd, proc.returncode, lines, failed)
     return lines
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from flows import registry
 from flows.dag import read_dag
-from flows.lineage import DOWNLOAD, EVALUATE, Snapshot
+from flows.lineage import DOWNLOAD, EVALUATE, Snapshot, Unreadable
 from transformer.core.files import split_lines
 from transformer.core.layout import EVAL
 from transformer.core.sections.download import DownloadConfig
@@ -38,13 +38,15 @@ from transformer.core.settings import parse_yaml
 @dataclass(frozen=True)
 class Rules:
     """The gate's settings (params.yaml retrain: margin, alpha, max_chrf_drop,
-    bootstrap_samples, bootstrap_seed), defaulting to the section's own (RetrainFlowConfig)."""
+    bootstrap_samples, bootstrap_seed, allow_margin_only), defaulting to the section's own
+    (RetrainFlowConfig)."""
 
     margin: float = RetrainFlowConfig.margin
     alpha: float = RetrainFlowConfig.alpha
     max_chrf_drop: float = RetrainFlowConfig.max_chrf_drop
     samples: int = RetrainFlowConfig.bootstrap_samples
     seed: int = RetrainFlowConfig.bootstrap_seed
+    allow_margin_only: bool = RetrainFlowConfig.allow_margin_only
 
     @classmethod
     def of(cls, retrain: dict[str, Any]) -> Rules:
@@ -55,6 +57,7 @@ class Rules:
             float(retrain["max_chrf_drop"]),
             int(retrain["bootstrap_samples"]),
             int(retrain["bootstrap_seed"]),
+            bool(retrain.get("allow_margin_only", False)),  # a project's code from before it
         )
 
 
@@ -125,7 +128,12 @@ def judge(
     main = next((t for t in tests if t["set"] == primary), None)
     delta = main["bleu_delta"] if main else bleu[0] - bleu[1]
     problems = []
-    if not delta > rules.margin:
+    if main is None and not rules.allow_margin_only:
+        problems.append(
+            f"{primary}: no paired test, and the margin alone decides only when asked for "
+            "(retrain.allow_margin_only, `python -m flows.promote --allow-margin-only`)"
+        )
+    elif not delta > rules.margin:
         problems.append(
             f"{primary}: BLEU {delta:+.2f}, not above the margin {rules.margin}"
             if main  # else the margin alone on the records' BLEU, said as the gate always said it
@@ -169,7 +177,7 @@ def figure(t: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class Scored:
     """One set an experiment was scored on: its name, the sha256 of its files, its hypotheses
-    (None where neither the package nor the evaluate stage's folder has them)."""
+    (None where its evaluate metrics name none: a record that never kept them)."""
 
     name: str
     sha256: str | None
@@ -194,6 +202,8 @@ def scored_sets(project: Path, commit: str, record: dict[str, Any]) -> list[Scor
     for name, sha, hyps in found:
         places = [f"{package}/{EVAL}/{hyps}", *([f"{eval_dir}/{hyps}"] if eval_dir else [])]
         data = next((d for p in places if hyps and (d := snap.tracked(p)) is not None), None)
+        if hyps and data is None:  # named by the metrics, so written: lost, not never kept
+            raise Unreadable(f"{commit[:9]}: {name}'s hypotheses {hyps} are in none of {places}")
         text = None if data is None else split_lines(data, f"{commit[:9]}:{hyps}")
         out.append(Scored(str(name), sha, text))
     return out
@@ -222,7 +232,8 @@ def compare(
     rules: Rules,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """(the paired test of every set both were scored on, candidate's evaluate.split first;
-    why any set was not tested)."""
+    why any set was not tested). Unreadable where hypotheses or references that the records
+    say exist cannot be read: the gate refuses rather than judge on less."""
     mine = scored_sets(project, candidate["experiment_commit"], candidate)
     theirs = {s.name: s for s in scored_sets(project, champion["experiment_commit"], champion)}
     tests, untested = [], []
@@ -234,7 +245,7 @@ def compare(
             untested.append(f"{s.name}: another test set than the champion's (sha256 differs)")
         elif s.hyps is None or other.hyps is None:
             whose = "the candidate's" if s.hyps is None else "the champion's"
-            untested.append(f"{s.name}: {whose} hypotheses are not kept (packaged without eval/)")
+            untested.append(f"{s.name}: {whose} record never kept hypotheses")
         elif (refs := references(project, candidate["experiment_commit"], s.name)) is None:
             untested.append(f"{s.name}: the references are not at hand")
         else:

@@ -66,6 +66,7 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pat
             "TOY_HOLD",
             "TOY_STARTED",
             "TOY_FAIL_TRAIN",
+            "TOY_OOM_TRAIN",
         )
     }
     files["TOY_BARRIER"].mkdir()
@@ -677,6 +678,29 @@ def test_a_failed_run_names_its_cause_and_changes_nothing(
 
 
 @pytest.mark.slow
+def test_a_stages_out_of_memory_error_is_named_as_such(
+    project, prefect_server: dict, controls: dict
+) -> None:
+    """The stage's failure record (transformer/core/failure.py), not DVC's "failed to
+    reproduce" wrapper nor a guessed line, names a dotted exception in the run's state."""
+    controls["TOY_OOM_TRAIN"].touch()
+    try:
+        r = flows_run(prefect_server, "pipeline/demo", "-p", 'overrides=["train.max_steps=80"]')
+    finally:
+        controls["TOY_OOM_TRAIN"].unlink()
+    state = flow_run(run_id(r.stdout)).state
+    assert state.is_failed(), state
+    cause = (
+        "stage train failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "2.00 GiB (simulated) (stage train)"
+    )
+    assert cause in state.message, state.message
+    assert "failed to reproduce" not in state.message.splitlines()[0]
+    assert r.returncode == 1 and cause in r.stdout.splitlines()[-1], r.stdout
+    untouched(project)
+
+
+@pytest.mark.slow
 @pytest.mark.usefixtures("champion")
 def test_manual_experiments_go_through_the_same_gate(project, prefect_server: dict) -> None:
     """`dvc exp run` by hand, then `python -m flows.promote NAME`: a better one is promoted, a
@@ -731,6 +755,20 @@ def test_lineage_records_the_shards_a_model_was_trained_on(tmp_path):
     assert record["data_hash"] == "data/raw=a1.dir"
     assert record["shards_hash"] == "data/shards=b2.dir"  # the metrics file is not an output
     assert lineage(Snapshot(tmp_path), {"download": dag["download"]}, "HEAD")["shards_hash"] is None
+
+
+def test_lineage_carries_the_origin_the_train_stage_recorded(tmp_path):
+    """A run that went on from another run's checkpoints: the train stage's metrics say from
+    which (test_flows_outcomes runs the real stage), and so does the lineage record the
+    pipeline's `lineage` artifact lists field by field."""
+    metric = "data/live/metrics.json"
+    dag = {"train": Stage("train", (), ("data/checkpoints", metric), (metric,), (), (metric,))}
+    origin = {"from": "pipeline-a", "step": 4, "seconds": 12.5}
+    (tmp_path / "data/live").mkdir(parents=True)
+    (tmp_path / metric).write_text(json.dumps({"step": 8, "origin": origin}))
+    assert lineage(Snapshot(tmp_path), dag, "HEAD")["origin"] == origin
+    (tmp_path / metric).write_text(json.dumps({"step": 8}))  # a fresh run
+    assert lineage(Snapshot(tmp_path), dag, "HEAD")["origin"] is None
 
 
 def test_the_next_decision_publishes_what_a_down_remote_missed(

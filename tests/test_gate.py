@@ -82,6 +82,7 @@ def set_test(
         "chrf_p": 0.5,
         "resamples": 1000,
         "seed": 12345,
+        "allow_margin_only": False,
     }
 
 
@@ -126,15 +127,19 @@ def test_several_sets_one_significantly_worse_is_refused():
     assert keep and "not tested: valid: the champion was not scored on it" in why
 
 
-def test_without_the_champions_hypotheses_the_margin_decides_and_says_so():
+def test_without_the_champions_hypotheses_the_margin_decides_only_when_asked_for():
     cand, champ = {"bleu": 31.0, **SIG}, {"bleu": 30.0, **SIG}
-    why_not = ["test: the champion's hypotheses are not kept (packaged without eval/)"]
-    keep, why = gate(cand, champ, 0.5, lambda: ([], why_not), Rules())
+    why_not = ["test: the champion's record never kept hypotheses"]
+    keep, why = gate(cand, champ, 0.5, lambda: ([], why_not), Rules())  # the default: refused
+    assert not keep and "test: no paired test, and the margin alone decides only when" in why
+    assert "retrain.allow_margin_only" in why and why.endswith("champion kept")
+    asked = Rules(allow_margin_only=True)
+    keep, why = gate(cand, champ, 0.5, lambda: ([], why_not), asked)
     assert keep and why.startswith("candidate BLEU 31.00 beats champion 30.00 by more than 0.5")
     assert "its noise untested" in why
-    keep, why = gate(cand, {**champ, "bleu": 30.8}, 0.5, lambda: ([], why_not), Rules())
+    keep, why = gate(cand, {**champ, "bleu": 30.8}, 0.5, lambda: ([], why_not), asked)
     assert not keep and why.startswith("candidate BLEU 31.00 does not beat champion 30.80 by")
-    assert "not tested: test: the champion's hypotheses are not kept" in why
+    assert "not tested: test: the champion's record never kept hypotheses" in why
 
 
 @pytest.mark.parametrize(
@@ -196,8 +201,80 @@ def test_noise_is_refused_with_its_p(prefect_server: dict, continuing_champion: 
         "max_chrf_drop": 1.0,
         "samples": 1000,
         "seed": 12345,
+        "allow_margin_only": False,
     }
     table = results.table(results.rows(project), wide=True)
     assert f"p {test['p']:.4f}" in table
     assert "1000 resamples, seed 12345" in table
     print(json.dumps(noise["gate"]["tests"], indent=1), file=sys.stderr)
+
+
+STAGES = """
+stages:
+  download:
+    cmd: mkdir -p data/raw && cp refs.txt data/raw/test.de
+    deps: [refs.txt]
+    outs: [data/raw]
+  evaluate:
+    cmd: mkdir -p data/eval && cp system.txt data/eval/hyps.test.txt && cp scored.json
+      data/metrics/evaluate.json
+    deps: [system.txt, scored.json]
+    outs: [data/eval]
+    metrics: [{data/metrics/evaluate.json: {cache: false}}]
+artifacts:
+  transformer: {path: data/package, type: model}
+"""
+
+
+def scored_commit(project: Path, system: list[str]) -> str:
+    """The evaluate stage run on `system`'s lines, pushed to the remote, committed."""
+    (project / "system.txt").write_text("".join(f"{line}\n" for line in system))
+    (project / "scored.json").write_text(json.dumps({"split": "test", "hyps": "hyps.test.txt"}))
+    (project / "data/metrics").mkdir(parents=True, exist_ok=True)
+    for cmd in (("repro", "-q"), ("push", "-q")):
+        subprocess.run([sys.executable, "-m", "dvc", *cmd], cwd=project, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=project, check=True)
+    subprocess.run(["git", "commit", "-qm", "scored"], cwd=project, check=True)
+    return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=project, text=True).strip()
+
+
+def test_kept_hypotheses_that_cannot_be_read_are_refused_with_the_reason(tmp_path: Path):
+    """A real DVC remote, then gone, the cache emptied: the champion's hypotheses, which its
+    evaluate metrics say were kept, cannot be read. The gate refuses, naming the file, instead
+    of judging on the margin; with them at hand it runs the paired test."""
+    from prefect_fixtures import DVC, git_init, sh
+
+    from flows import significance
+    from flows.lineage import Snapshot, Unreadable
+
+    project = tmp_path / "project"
+    project.mkdir()
+    git_init(project)
+    sh(*DVC, "init", "-q", cwd=project)
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)
+    sh(*DVC, "config", "core.site_cache_dir", str(tmp_path / "site"), cwd=project)
+    (project / "dvc.yaml").write_text(STAGES)
+    (project / ".gitignore").write_text("/data/raw\n/data/eval\n")
+    refs = [f"ein kleiner satz nummer {i}" for i in range(30)]
+    (project / "refs.txt").write_text("".join(f"{r}\n" for r in refs))
+    champion_commit = scored_commit(project, drop_words(refs, 0.3, 1))
+    candidate_commit = scored_commit(project, drop_words(refs, 0.1, 2))
+    record = {**SIG, "split": "test", "test_sha256": "t"}
+    champion = {**record, "bleu": 40.0, "experiment_commit": champion_commit}
+    candidate = {**record, "bleu": 60.0, "experiment_commit": candidate_commit}
+    rules = Rules(samples=100)
+
+    def tester():
+        return significance.compare(project, candidate, champion, rules)
+
+    (test,), untested = tester()  # at hand: tested
+    assert test["set"] == "test" and test["bleu_delta"] > 0 and not untested
+
+    subprocess.run(["rm", "-rf", str(project / ".dvc/cache"), str(tmp_path / "remote")], check=True)
+    snap = Snapshot(project, champion_commit)
+    assert snap.tracked("data/eval/no-such-file") is None  # absent is still absent
+    with pytest.raises(Unreadable, match=r"data/eval/hyps\.test\.txt at [0-9a-f]{9} cannot be"):
+        snap.tracked("data/eval/hyps.test.txt")
+    keep, why = gate(candidate, champion, 0.0, tester, Rules(allow_margin_only=True))
+    assert not keep and why.startswith("the gate cannot read what it must compare: ")
+    assert "hyps.test.txt" in why and why.endswith("champion kept")

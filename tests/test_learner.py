@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers.graphs import cpu_learner
+from helpers.graphs import CpuGraphs, cpu_learner
 from helpers.static import MODEL, V, lengths, pairs
 from torch import Tensor
 
@@ -119,3 +119,55 @@ def test_a_compiled_learner_allows_a_graph_for_every_static_shape(capsys):
         )  # fmt: skip
         assert torch._dynamo.config.recompile_limit == shapes + 1 > 8
     assert f"a graph per shape (recompile limit {shapes + 1}" in capsys.readouterr().out
+
+
+class FailingCapture(CpuGraphs):
+    """CpuGraphs whose capture of the shapes in `fail` raises, as a CUDA capture can."""
+
+    def __init__(self, fail):
+        super().__init__()
+        self.fail = fail
+
+    def capture(self, update, inputs):
+        if inputs[0].src.shape in self.fail:
+            self.calls.append(("capture failed", inputs[0].src.shape))
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return super().capture(update, inputs)
+
+
+def test_a_failed_capture_runs_that_shape_eagerly_with_the_same_result(capsys):
+    """A capture records without running: after its error the same batches run eagerly, that
+    shape stays eager, the others are captured; the weights are the eager learner's."""
+    eager, captured = cpu_learner(False), cpu_learner(True)
+    batches = static_batches(40) * 4
+    bad = batches[0].src.shape
+    captured.graphs = FailingCapture({bad})
+    for k, b in enumerate(batches):
+        for le in (eager, captured):
+            le.step([b], float(n_targets(b)), 1e-3 * (1 + k % 3))
+    g = captured.graphs
+    calls = [kind for kind, s in g.calls if s == bad]
+    assert calls[: graphs.WARMUP + 2] == ["warm"] * graphs.WARMUP + ["capture failed", "warm"]
+    key = (tuple(batches[0].src.shape) + tuple(batches[0].tgt_in.shape),)
+    assert "capture" not in calls and "replay" not in calls and g.eager == {key}
+    assert len(g.graphs) == len(g.seen) - 1  # every other shape captured
+    for (name, a), b in zip(eager.model.named_parameters(), captured.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    out = capsys.readouterr().out
+    assert out.count("capturing the update of batch shape") == 1 and "train.graphs: off" in out
+
+
+def test_a_failed_replay_ends_the_update_naming_the_shape_and_the_switch():
+    le = cpu_learner(True)
+    batches = static_batches(12) * 4
+    for b in batches[: len(batches) // 2]:
+        le.step([b], float(n_targets(b)), 1e-3)
+    key, (_, inputs) = next(iter(le.graphs.graphs.items()))
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    le.graphs.graphs[key] = (broken, inputs)
+    b = next(b for b in batches if b.src.shape == inputs[0].src.shape)
+    with pytest.raises(graphs.ReplayFailed, match=r"replay of batch shape .* illegal memory"):
+        le.step([b], float(n_targets(b)), 1e-3)

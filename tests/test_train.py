@@ -339,6 +339,8 @@ def test_resume_only_when_the_result_would_be_the_same(tmp_path):
     # how often checkpoints are written and kept changes no weight: continue
     saving = meta(max_steps=40, keep_last=9, save_every_steps=7, save_every_minutes=3.0)
     assert find_resume(tmp_path, saving)[0] is not None
+    # the update's path (eager, captured, compiled) changes no weight: continue
+    assert find_resume(tmp_path, meta(max_steps=40, graphs="off", compile=True))[0] is not None
     path, why = find_resume(tmp_path, {**meta(max_steps=40), "output_ids": [4, 5, 9]})
     assert path is None and "output_ids differs" in why  # another softmax (valid changed)
     path, why = find_resume(tmp_path, meta(max_steps=10))  # fewer steps than already done
@@ -415,3 +417,25 @@ def test_checkpoints_store_the_precision_the_run_resolved(corpus, tmp_path):
     params = write_params(tmp_path / "p.yaml", precision="auto", max_steps=4)
     out = run(corpus, ckpt_dir, params, "--resume")
     assert "not resuming" in out and "train_config differs ['precision']" in out, out
+
+
+@pytest.mark.slow  # train processes run and resumed
+def test_switching_the_update_path_on_resume_keeps_the_checkpoints(corpus, tmp_path):
+    """train.graphs and train.compile are resume-free: a run turned to `graphs: off` at step 20
+    goes on from its checkpoint (not from step 1) and ends where one run of 40 steps does, its
+    weights, Adam and data position the same."""
+    over = {"save_every_steps": 10, "keep_last": 0, "valid_every_steps": 20, "log_every_steps": 10}
+    full = write_params(tmp_path / "full.yaml", max_steps=40, **over)
+    run(corpus, tmp_path / "full", full)
+    run(corpus, tmp_path / "switched", write_params(tmp_path / "a.yaml", max_steps=20, **over))
+    off = write_params(tmp_path / "b.yaml", max_steps=40, graphs="off", **over)
+    resumed = run(corpus, tmp_path / "switched", off, "--resume")
+    assert f"resuming from {checkpoint.step_path(tmp_path / 'switched', 20)} (step 20)" in resumed
+    a = checkpoint.load(checkpoint.step_path(tmp_path / "full", 40))
+    b = checkpoint.load(checkpoint.step_path(tmp_path / "switched", 40))
+    assert b["train_config"]["graphs"] == "off"
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["step"], sb["step"])
+    assert a["data"] == b["data"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from transformer.core import settings
+from transformer.core import failure, settings
 from transformer.core.files import atomic_write, sha256_file
 from transformer.core.sections.average import AverageConfig
 from transformer.core.settings import ConfigError
@@ -223,4 +223,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("average", main)()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from transformer.core import settings
+from transformer.core import failure, settings
 from transformer.core.files import atomic_dir, sha256_file, write_json
 from transformer.core.sections.download import DownloadConfig, SourceSpec, part_clean
 from transformer.core.settings import ConfigError
@@ -235,4 +235,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("download", main)()

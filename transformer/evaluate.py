@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from transformer.core import allocator, settings
+from transformer.core import allocator, failure, settings
 from transformer.core.files import atomic_write, sha256_file
 from transformer.core.metrics import KEYS, put
 from transformer.core.sections.decode import DecodeConfig
@@ -197,4 +197,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("evaluate", main)()

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from transformer import export
-from transformer.core import presets, settings
+from transformer.core import failure, presets, settings
 from transformer.core.card import model_card
 from transformer.core.files import atomic_dir, sha256_file
 from transformer.core.layout import (
@@ -197,4 +197,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("package", main)()

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transformer.core import settings
+from transformer.core import failure, settings
 from transformer.core.files import sha256_file, write_json
 from transformer.core.layout import LINEAGE, MODEL, TOKENIZER
 from transformer.core.sections.retrain import RetrainConfig
@@ -118,4 +118,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("parent", main)()

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from transformer.core import settings
+from transformer.core import failure, settings
 from transformer.core.files import atomic_dir, sha256_file, write_json
 from transformer.core.ids import EOS_ID, UNK_ID
 from transformer.core.sections.download import DownloadConfig
@@ -299,4 +299,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("shard", main)()

@@ -22,7 +22,7 @@ from typing import Any
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from transformer.core import settings
+from transformer.core import failure, settings
 from transformer.core.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
 from transformer.core.ids import SPECIALS, UNK_ID
 from transformer.core.layout import TOKENIZER
@@ -329,4 +329,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    failure.recorded("tokenizer", main)()

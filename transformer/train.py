@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer.core import allocator, dist, settings
+from transformer.core import allocator, dist, failure, settings
 from transformer.core.files import sha256_file
 from transformer.core.layout import MODEL
 from transformer.core.sections.model import ModelConfig
@@ -381,4 +381,4 @@ if __name__ == "__main__":
     # process whose stderr may have no file: a rank killed by a fatal signal (a C++ abort, a
     # segfault) prints each thread's Python stack, where torchrun's summary names the signal
     faulthandler.enable()
-    dist.run(main)
+    dist.run(failure.recorded("train", main))

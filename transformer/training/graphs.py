@@ -34,6 +34,20 @@ WARMUP = 2  # eager updates of a shape before its capture
 Update = Callable[[list[Batch], None], None]  # Learner.update on device batches
 
 
+class ReplayFailed(RuntimeError):
+    """A replay raised: on CUDA such an error is sticky (the context is unusable), so the
+    process ends; its run resumes from its newest checkpoint (train.graphs/compile are
+    resume-free: `train.graphs: off` continues the same run eagerly)."""
+
+    def __init__(self, key: tuple, error: BaseException):
+        super().__init__(
+            f"train.graphs: the replay of batch shape {list(key)} failed "
+            f"({type(error).__name__}: {error}); the run resumes from its newest checkpoint with "
+            "--resume; `train.graphs: off` runs it eagerly"
+        )
+        self.key = key
+
+
 class Graphs:
     """The captured updates of a Learner, by the shapes of the update's micro-batches.
 
@@ -45,6 +59,8 @@ class Graphs:
         self.seen: dict[tuple, int] = {}
         self.graphs: dict[tuple, tuple[Callable[[], None], list[Batch]]] = {}
         self.capture_s = 0.0  # host seconds spent capturing, for the record
+        # shapes whose capture failed: eager from then on (train/eager_shapes in the metrics)
+        self.eager: set[tuple] = set()
         self.stream, self.pool = self.side_stream_and_pool()
 
     def step(self, update: Update, batches: list[Batch]) -> None:
@@ -53,19 +69,36 @@ class Graphs:
         if key in self.graphs:
             replay, inputs = self.graphs[key]
             self.load(inputs, batches)  # into the buffers the graph reads: never rebound
-            replay()
+            try:
+                replay()
+            except RuntimeError as e:
+                raise ReplayFailed(key, e) from e
             return
         self.seen[key] = self.seen.get(key, 0) + 1
         inputs = self.buffers(batches)
         self.load(inputs, batches)
-        if self.seen[key] <= WARMUP:
+        if self.seen[key] <= WARMUP or key in self.eager:
             self.warm(update, inputs)
             return
         t0 = time.perf_counter()
-        replay = self.capture(update, inputs)
+        try:
+            replay = self.capture(update, inputs)
+        except RuntimeError as e:  # a capture records without running: nothing was updated
+            self.eager.add(key)
+            print(
+                f"train.graphs: capturing the update of batch shape {list(key)} failed "
+                f"({type(e).__name__}: {e}); that shape runs eagerly from now on "
+                "(`train.graphs: off` runs every shape eagerly, resuming from the checkpoints)",
+                flush=True,
+            )
+            self.warm(update, inputs)  # the same update, eagerly, on the same batches
+            return
         self.capture_s += time.perf_counter() - t0
         self.graphs[key] = (replay, inputs)
-        replay()  # a capture records the update; the replay runs it
+        try:
+            replay()  # a capture records the update; the replay runs it
+        except RuntimeError as e:
+            raise ReplayFailed(key, e) from e
 
     def side_stream_and_pool(self):
         """The stream of warm-ups and captures, and the graphs' shared memory pool."""

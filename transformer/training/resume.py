@@ -46,6 +46,10 @@ RESUME_FREE_KEYS = frozenset(
         "keep_best",
         "patience",
         "min_delta",
+        # the update's path: the same update (learner.py), eager, captured or compiled, so a
+        # run switched off a failing capture or compile goes on from its checkpoints
+        "graphs",
+        "compile",
     }
 )
 

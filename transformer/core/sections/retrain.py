@@ -53,6 +53,7 @@ class RetrainConfig:
         "max_chrf_drop",
         "bootstrap_samples",
         "bootstrap_seed",
+        "allow_margin_only",
         "max_oov_rate",
     )
 

@@ -26,6 +26,10 @@ class RetrainFlowConfig(RetrainConfig):
     max_chrf_drop: float = 1.0  # chrF points a candidate may lose on any test set
     bootstrap_samples: int = 1000  # the test's resamples (sacreBLEU's --paired-bs-n)
     bootstrap_seed: int = 12345  # its RNG seed (sacreBLEU's SACREBLEU_SEED, its default)
+    # let BLEU above the margin alone decide where a record never kept hypotheses (no paired
+    # test possible); off, such a candidate is refused. Hypotheses that were kept but cannot be
+    # read (cache miss, remote down) are refused whatever this says
+    allow_margin_only: bool = False
     # continue falls back to scratch when this share of the new train data's words (of 2+
     # bytes) is left to single bytes by the champion's tokenizer (vocab.Subwords.fit)
     max_oov_rate: float = 0.01
