@@ -34,6 +34,7 @@ from prefect.runtime import flow_run
 
 from flows import lines, registry, significance
 from flows.shell import logger, read_section, registry_lock
+from flows.significance import Rules
 from flows.workspace import WorkspaceError, git
 from transformer.core.settings import ConfigError
 
@@ -278,10 +279,11 @@ def promote(
     return out
 
 
-def retrain_margin(project: Path, line: lines.Line) -> float:
-    """retrain.margin of the line (params.yaml's, or its meta.retrain's), read by the project's
-    own code (ConfigError naming the file if it cannot)."""
-    return line_rules(Path(project).resolve(), line).margin
+def retrain_margin(project: Path, line: lines.Line | None = None) -> float:
+    """retrain.margin of params.yaml (with line `line`'s meta.retrain over it), read by the
+    project's own code (ConfigError naming the file if it cannot)."""
+    section = read_section(Path(project), "retrain")
+    return Rules.of({**section, **(line.retrain if line else {})}).margin
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -300,8 +302,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # checked before the flow starts: a bad params.yaml or line is one line, not a failed run
         root = Path(args.project).resolve()
+        section = read_section(root, "retrain")  # params.yaml first: the most basic error
         line = line_of(root, resolve_experiment(root, args.experiment), args.line)
-        margin = retrain_margin(root, line) if args.margin is None else args.margin
+        margin = (
+            Rules.of({**section, **line.retrain}).margin if args.margin is None else args.margin
+        )
         out = promote(args.experiment, args.project, margin, line.name)
     except (WorkspaceError, registry.RegistryError, ConfigError, lines.LineError) as e:
         sys.exit(f"error: {e}")
