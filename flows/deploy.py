@@ -5,7 +5,8 @@
     python -m flows.deploy --pool gpu                  # the deployments, run from this checkout
     prefect worker start --pool gpu                    # on the machine, a service (README)
 
-The deployments are serve.py's (the same names, parameters, schedule and concurrency limit),
+The deployments are serve.py's (the same names, parameters, schedules and concurrency limits:
+a `retrain/NAME` per line of dvc.yaml, one run at a time per line, the lines at once),
 loaded from this checkout's folder, run with it as their working directory and with 30-second
 heartbeats; the crash-recovery automations are installed too.
 """
@@ -32,7 +33,7 @@ def deploy(
 
     env = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(automations.HEARTBEAT_S)}
     names = []
-    for f, name, options in specs(cron, preset, overrides):
+    for f, name, options in specs(cron, preset, overrides, project):
         entry = f"{f.fn.__module__.replace('.', '/')}.py:{f.fn.__name__}"
         Flow.from_source(source=str(project), entrypoint=entry).deploy(
             name,

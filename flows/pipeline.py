@@ -175,11 +175,14 @@ def _orphaned(run_id: str, parent: int) -> None:
     os._exit(70)
 
 
-def prepare(root: Path, rev: str, preset: str | None, overrides: list[str]) -> tuple[Path, str]:
-    """The run workspace at `rev` with the recipe applied; (its path, the commit)."""
+def prepare(
+    root: Path, rev: str, preset: str | None, overrides: list[str], line: str | None = None
+) -> tuple[Path, str]:
+    """The run workspace (line `line`'s) at `rev` with the recipe applied; (its path, the
+    commit)."""
     for delay_s in (*RETRY_DELAYS_S, None):  # a full disk may pass, as for the stages
         try:
-            ws, commit = workspace.prepare(root, rev)
+            ws, commit = workspace.prepare(root, rev, line)
             apply_params(ws, preset, overrides)
             break
         except (CommandError, OSError, workspace.WorkspaceError) as e:
@@ -282,6 +285,7 @@ def run_experiment(
     retry_delay_s: float = 10.0,
     done: dict[str, str] | None = None,
     dag: dict[str, Stage] | None = None,
+    line: str | None = None,
 ) -> dict[str, Any]:
     """The stages in the prepared workspace `ws` (at `commit`, the recipe applied) but those
     `done` already, the experiment saved and published; its record. pipeline() and retrain()
@@ -293,7 +297,7 @@ def run_experiment(
     # workspace keeps one set) says from which experiment, at which step
     os.environ["TRANSFORMER_RUN"] = name
     stages = run_stages(ws, dag, download_retries, retry_delay_s, done=done)
-    recipe = {"preset": preset, "overrides": overrides}
+    recipe = {"preset": preset, "overrides": overrides, **({"line": line} if line else {})}
     exp_commit = save_experiment(ws, dag, name, recipe)
     record = lineage.lineage(
         lineage.Snapshot(ws), dag, commit, experiment=name, experiment_commit=exp_commit, **recipe

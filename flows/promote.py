@@ -2,6 +2,7 @@
 
     python -m flows.promote EXPERIMENT               # a `dvc exp show` name, a commit, a tag
                                                      # exit status 0 promoted, 3 refused
+    python -m flows.promote EXPERIMENT --line NAME   # an experiment run by hand: its line
     python -m flows.run promote/promote -p experiment=EXPERIMENT --wait
 
 Any experiment qualifies, one a flow ran or one run by hand (`dvc exp run`): its record is read
@@ -11,8 +12,10 @@ sacreBLEU signature, and beat the champion's BLEU by more than `retrain.margin` 
 paired bootstrap p below `retrain.alpha`, against the champion's own hypotheses; on each further
 set (`evaluate.extra_splits`) no significant BLEU drop, and chrF down by at most
 `retrain.max_chrf_drop` anywhere (flows/significance.py). A candidate without a BLEU score is
-never promoted. A promotion is a new version of dvc.yaml's artifact in the production stage
-(flows/registry.py).
+never promoted. The candidate meets only its own line's champion (flows/lines.py): the line
+its run recorded, or --line; the gate's settings are the line's (dvc.yaml's meta.retrain over
+params.yaml's retrain section). A promotion is a new version of the line's artifact in the
+production stage (flows/registry.py).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import registry, significance
+from flows import lines, registry, significance
 from flows.lineage import Unreadable
-from flows.shell import logger, read_section, workspace_lock
+from flows.shell import logger, read_section, registry_lock
+from flows.significance import Rules
 from flows.workspace import WorkspaceError, git
 from transformer.core.settings import ConfigError
 
@@ -108,16 +112,23 @@ def decide(
     by: str,
     trained: str | None = None,
     rules: significance.Rules | None = None,
+    line: str | None = None,
 ) -> dict[str, Any]:
-    """Gate the experiment at `commit` against the champion; promote it if it wins. `trained`:
-    how the candidate was trained (a retrain's continuation, or why it fell back to scratch),
-    kept in the decision's tag. `rules`: the noise test's (retrain.alpha ...; its margin is
-    `margin`)."""
+    """Gate the experiment at `commit` against line `line`'s champion (the only line's when
+    None); promote it if it wins. `trained`: how the candidate was trained (a retrain's
+    continuation, or why it fell back to scratch), kept in the decision's tag. `rules`: the
+    noise test's (retrain.alpha ...; its margin is `margin`)."""
+    line, _ = registry.artifact(project, line)
+    with registry_lock(project):  # lines decide one at a time: one git repository, one remote
+        return _decide(project, commit, margin, by, trained, rules, line)
+
+
+def _decide(project, commit, margin, by, trained, rules, line) -> dict[str, Any]:
     registry.publish_pending(project)
     candidate = registry.record_at(project, commit)
     lost = None
     try:
-        before = registry.champion(project)
+        before = registry.champion(project, line)
     except Unreadable as e:  # its metrics lost: never "no champion yet"
         before, lost = None, f"the champion's record cannot be read: {e}; champion kept"
     rules = replace(rules or significance.Rules(), margin=margin)
@@ -135,6 +146,7 @@ def decide(
     else:
         promote, reason = gate(candidate, before, margin, tester, rules)
     out: dict[str, Any] = {
+        "line": line,
         "promoted": promote,
         "reason": reason,
         "candidate": candidate,
@@ -156,10 +168,10 @@ def decide(
             )
         }
         summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by, gate=tested)
-        out["version"] = registry.promote(project, commit, summary, reason)
+        out["version"] = registry.promote(project, commit, summary, reason, line)
     verdict = f"promoted as {out['version']}" if promote else "refused"
     out["decision_tag"] = registry.record_decision(
-        project, commit, f"{verdict}: {reason}", decision_details(out, by, trained)
+        project, commit, f"{verdict}: {reason}", decision_details(out, by, trained), line
     )
     logger().info("%s: %s", commit[:9], reason)
     return out
@@ -244,34 +256,52 @@ def head(out: dict[str, Any], title: str, verdict: str, rows: list) -> list[str]
     ]
 
 
+def line_of(root: Path, commit: str, line: str | None) -> lines.Line:
+    """`line`, else the line the run at `commit` recorded, else the project's only line."""
+    if line is None:
+        line = registry.record_at(root, commit).get("line")
+    try:
+        return lines.get(root, line)
+    except lines.LineError as e:
+        raise registry.RegistryError(f"{e} (for experiment {commit[:9]})") from None
+
+
+def line_rules(root: Path, line: lines.Line) -> significance.Rules:
+    """The gate's settings: params.yaml's retrain section with the line's meta.retrain over it."""
+    return significance.Rules.of({**read_section(root, "retrain"), **line.retrain})
+
+
 @flow(name="promote", log_prints=True)
 def promote(
     experiment: str,
     project: str = ".",
     margin: float | None = None,
+    line: str | None = None,
     allow_margin_only: bool = False,
 ) -> dict[str, Any]:
-    """Gate experiment `experiment` (name or revision); promote it if it beats the champion.
-    `allow_margin_only`: as retrain.allow_margin_only set for this decision."""
+    """Gate experiment `experiment` (name or revision) against its line's champion (`line`, or
+    the line its run recorded); promote it if it beats the champion. `allow_margin_only`: as
+    retrain.allow_margin_only set for this decision."""
     root = Path(project).resolve()
-    rules = significance.Rules.of(read_section(root, "retrain"))
+    commit = resolve_experiment(root, experiment)
+    found = line_of(root, commit, line)
+    rules = line_rules(root, found)
     if allow_margin_only:
         rules = replace(rules, allow_margin_only=True)
     margin = rules.margin if margin is None else margin
-    with workspace_lock(root):
-        commit = resolve_experiment(root, experiment)
-        run = f"promote flow run {flow_run.get_id()}"
-        out = decide(root, commit, margin, run, rules=rules)
+    run = f"promote flow run {flow_run.get_id()}"
+    out = decide(root, commit, margin, run, rules=rules, line=found.name)
     create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
         report(out, f"Promote {experiment}"), key="promotion-decision", description=summary(out)
     )
     return out
 
 
-def retrain_margin(project: Path) -> float:
-    """retrain.margin of the project's params.yaml, read by the project's own code (ConfigError
-    naming the file if it cannot)."""
-    return float(read_section(Path(project), "retrain")["margin"])
+def retrain_margin(project: Path, line: lines.Line | None = None) -> float:
+    """retrain.margin of params.yaml (with line `line`'s meta.retrain over it), read by the
+    project's own code (ConfigError naming the file if it cannot)."""
+    section = read_section(Path(project), "retrain")
+    return Rules.of({**section, **(line.retrain if line else {})}).margin
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -291,12 +321,18 @@ def main(argv: list[str] | None = None) -> None:
         help="where a record never kept hypotheses, let the margin alone decide "
         "(retrain.allow_margin_only; hypotheses kept but unreadable are refused regardless)",
     )
+    parser.add_argument("--line", help="the line to gate it in (default: the one its run recorded)")
     args = parser.parse_args(argv)
     try:
-        # checked before the flow starts: a bad params.yaml is one line, not a failed run
-        margin = retrain_margin(args.project) if args.margin is None else args.margin
-        out = promote(args.experiment, args.project, margin, args.allow_margin_only)
-    except (WorkspaceError, registry.RegistryError, ConfigError) as e:
+        # checked before the flow starts: a bad params.yaml or line is one line, not a failed run
+        root = Path(args.project).resolve()
+        section = read_section(root, "retrain")  # params.yaml first: the most basic error
+        line = line_of(root, resolve_experiment(root, args.experiment), args.line)
+        margin = (
+            Rules.of({**section, **line.retrain}).margin if args.margin is None else args.margin
+        )
+        out = promote(args.experiment, args.project, margin, line.name, args.allow_margin_only)
+    except (WorkspaceError, registry.RegistryError, ConfigError, lines.LineError) as e:
         sys.exit(f"error: {e}")
     print(
         ("promoted as " + out["version"] if out["promoted"] else "not promoted")

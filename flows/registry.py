@@ -1,9 +1,9 @@
 """The model registry: git tags in GTO's format on experiment commits, data on the DVC remote.
 
-dvc.yaml's `artifacts:` names the artifact (the packaged model: weights, tokenizer, scores,
-params). A promotion registers the experiment's commit as a new version (`NAME@vX.Y.Z`) and
-assigns it the production stage (`NAME#prod#N`), then pushes the artifact to the default DVC
-remote, so that in any clone
+Each entry of dvc.yaml's `artifacts:` is a line (flows/lines.py), its own artifact: the packaged
+model of one recipe. A promotion registers the experiment's commit as the line's next version
+(`NAME@vX.Y.Z`) and assigns it the production stage (`NAME#prod#N`), pushes the artifact to the
+default DVC remote and the tags to the git remote `origin` (flows/tags.py), so that in any clone
 
     dvc artifacts get . NAME --stage prod
 
@@ -24,11 +24,11 @@ from typing import Any
 import gto.api
 from gto.exceptions import ArtifactNotFound
 
+from flows import lines, tags
 from flows.dag import read_dag
 from flows.lineage import Snapshot, lineage
 from flows.shell import logger
 from flows.workspace import git
-from transformer.core.settings import parse_yaml
 
 STAGE = "prod"
 
@@ -37,25 +37,27 @@ class RegistryError(RuntimeError):
     pass
 
 
-def artifact(project: Path) -> tuple[str, str]:
-    """(name, path) of the one artifact dvc.yaml declares."""
-    arts = (parse_yaml((Path(project) / "dvc.yaml").read_text()) or {}).get("artifacts") or {}
-    if len(arts) != 1:
-        raise RegistryError(
-            f"{project}/dvc.yaml: expected one entry under artifacts:, "
-            f"found {len(arts)} ({', '.join(arts) or 'none'})"
-        )
-    ((name, spec),) = arts.items()
-    return name, spec["path"]
+def artifact(project: Path, name: str | None = None) -> tuple[str, str]:
+    """(name, path) of line `name`, or of the project's only line when None."""
+    try:
+        found = lines.get(Path(project), name)
+    except lines.LineError as e:
+        raise RegistryError(str(e)) from None
+    return found.name, found.path
 
 
-def champion_commit(project: Path) -> str | None:
+def first(project: Path) -> str:
+    """The name of the project's first line (all share the package's path)."""
+    return lines.read(Path(project))[0].name
+
+
+def champion_commit(project: Path, name: str | None = None) -> str | None:
     """The commit the newest `NAME#prod#N` tag points at (as `dvc artifacts get --stage prod`
-    resolves it), or None before the first promotion."""
+    resolves it), or None before the line's first promotion."""
     from dvc.exceptions import ArtifactNotFoundError
     from dvc.repo import Repo
 
-    name, _ = artifact(project)
+    name, _ = artifact(project, name)
     with Repo(str(project)) as repo:
         try:
             return repo.artifacts.get_rev(name, stage=STAGE)
@@ -93,16 +95,17 @@ def experiment_name(project: Path, commit: str) -> str | None:
     return refs[0].rsplit("/", 1)[1] if refs else None
 
 
-def champion(project: Path) -> dict[str, Any] | None:
-    commit = champion_commit(project)
+def champion(project: Path, name: str | None = None) -> dict[str, Any] | None:
+    """The record of line `name`'s champion (the only line's when None), its version included."""
+    commit = champion_commit(project, name)
     if commit is None:
         return None
-    return {**record_at(project, commit), "version": version_of(project, commit)}
+    return {**record_at(project, commit), "version": version_of(project, commit, name)}
 
 
-def versions(project: Path) -> dict[str, str]:
-    """{commit: version} of every registered version of the artifact."""
-    name, _ = artifact(project)
+def versions(project: Path, name: str | None = None) -> dict[str, str]:
+    """{commit: version} of every registered version of line `name`."""
+    name, _ = artifact(project, name)
     try:
         found = gto.api.show(str(project), name, table=False)
     except ArtifactNotFound:  # nothing registered yet
@@ -110,16 +113,19 @@ def versions(project: Path) -> dict[str, str]:
     return {v["commit_hexsha"]: v["version"] for v in found if v.get("registrations")}
 
 
-def version_of(project: Path, commit: str) -> str | None:
-    return versions(project).get(commit)
+def version_of(project: Path, commit: str, name: str | None = None) -> str | None:
+    return versions(project, name).get(commit)
 
 
-def promote(project: Path, commit: str, summary: dict[str, Any], reason: str) -> str:
-    """Register `commit` as the artifact's next version, assign it the production stage and push
-    its data to the default DVC remote (if one is configured); the new version."""
-    name, path = artifact(project)
+def promote(
+    project: Path, commit: str, summary: dict[str, Any], reason: str, name: str | None = None
+) -> str:
+    """Register `commit` as line `name`'s next version, assign it the production stage, push
+    its data to the default DVC remote and its tags to `origin` (each where configured); the
+    new version."""
+    name, path = artifact(project, name)
     message = json.dumps({"reason": reason, **summary}, default=str, sort_keys=True)
-    known = versions(project)
+    known = versions(project, name)
     major = max((int(v.lstrip("v").split(".")[0]) for v in known.values()), default=0)
     version = (
         known.get(commit)
@@ -134,6 +140,7 @@ def promote(project: Path, commit: str, summary: dict[str, Any], reason: str) ->
     gto.api.assign(
         str(project), name, STAGE, version=version, message=f"Promoting {name}: {message}"
     )
+    tags.push_line(project, name)
     try:
         push(project, path, commit)
     except RegistryError as e:  # the version stands; its data follows with the next publish
@@ -190,13 +197,16 @@ def push(project: Path, path: str, commit: str, tries: int = 3, delay_s: float =
     return n
 
 
-def publish(project: Path) -> dict[str, int]:
-    """Every registered version's data to the default DVC remote (what a promotion without a
-    remote, or with the remote down, left behind); {version: files uploaded}."""
+def publish(project: Path) -> dict[str, dict[str, int]]:
+    """Every line's registered versions' data to the default DVC remote (what a promotion
+    without a remote, or with the remote down, left behind); {line: {version: files uploaded}}.
+    """
     if default_remote(project) is None:
         raise RegistryError(NO_REMOTE)
-    _, path = artifact(project)
-    return {v: push(project, path, c) or 0 for c, v in versions(project).items()}
+    return {
+        x.name: {v: push(project, x.path, c) or 0 for c, v in versions(project, x.name).items()}
+        for x in lines.read(Path(project))
+    }
 
 
 def publish_pending(project: Path) -> None:
@@ -213,24 +223,29 @@ def publish_pending(project: Path) -> None:
 DECISIONS = "decision/{name}/"  # the tag prefix of every promotion decision of artifact `name`
 
 
-def record_decision(project: Path, commit: str, verdict: str, details: dict[str, Any]) -> str:
+def record_decision(
+    project: Path, commit: str, verdict: str, details: dict[str, Any], name: str | None = None
+) -> str:
     """An annotated tag `decision/NAME/NNNN` on the candidate's commit: the candidate and the
-    verdict on its first line, `details` (JSON) below. GTO's tags record promotions only; these
-    record refusals too, so `git tag -n` tells the registry's whole history. The tag's name."""
-    name, _ = artifact(project)
+    verdict on its first line, `details` (JSON) below, pushed to `origin` where there is one.
+    GTO's tags record promotions only; these record refusals too, so `git tag -n` tells the
+    registry's whole history. The tag's name."""
+    name, _ = artifact(project, name)
     prefix = DECISIONS.format(name=name)
     n = len(Snapshot(project).git("tag", "--list", prefix + "*").split()) + 1
     tag = f"{prefix}{n:04d}"
     who = (details.get("candidate") or {}).get("experiment") or commit[:9]
     body = json.dumps({"verdict": verdict, **details}, default=str, sort_keys=True, indent=1)
     git("tag", "-a", tag, commit, "-m", f"{name}: {who} {verdict}\n\n{body}", cwd=project)
+    tags.push_line(project, name)
     return tag
 
 
-def decision_tags(project: Path) -> list[dict[str, Any]]:
-    """Every decision tag, oldest first: its tag, the candidate's commit, the verdict and the
-    recorded details (the candidate's and the champion's experiments, who decided when)."""
-    name, _ = artifact(project)
+def decision_tags(project: Path, name: str | None = None) -> list[dict[str, Any]]:
+    """Every decision tag of line `name`, oldest first: its tag, the candidate's commit, the
+    verdict and the recorded details (the candidate's and the champion's experiments, who
+    decided when)."""
+    name, _ = artifact(project, name)
     listing = Snapshot(project).git(
         "for-each-ref",
         "--sort=refname",
@@ -246,14 +261,14 @@ def decision_tags(project: Path) -> list[dict[str, Any]]:
         except ValueError:  # a tag written by hand: its subject only
             details = {}
         verdict = details.pop("verdict", None) or subject.removeprefix(f"{name}: ")
-        out.append({"tag": tag, "commit": commit, "verdict": verdict, **details})
+        out.append({"tag": tag, "commit": commit, "verdict": verdict, "line": name, **details})
     return out
 
 
-def decisions(project: Path) -> dict[str, list[str]]:
-    """{candidate commit: [verdict, ...]} from the decision tags, oldest first."""
+def decisions(project: Path, name: str | None = None) -> dict[str, list[str]]:
+    """{candidate commit: [verdict, ...]} from line `name`'s decision tags, oldest first."""
     out: dict[str, list[str]] = {}
-    for d in decision_tags(project):
+    for d in decision_tags(project, name):
         out.setdefault(d["commit"], []).append(d["verdict"])
     return out
 
@@ -264,8 +279,9 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(
         prog="python -m flows.registry",
-        description="publish: push every registered version's package that the default DVC "
-        "remote lacks (a promotion made without a remote, or while it was down).",
+        description="publish: push every line's registered versions that the default DVC "
+        "remote lacks (a promotion made without a remote, or while it was down), and the "
+        "registry's tags that the git remote origin lacks.",
     )
     parser.add_argument("command", choices=["publish"])
     parser.add_argument("--project", type=Path, default=Path("."), help="default: .")
@@ -273,20 +289,25 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         done = publish(args.project)
-    except RegistryError as e:
+        pushed = tags.push_all(args.project, [x.name for x in lines.read(args.project)])
+    except (RegistryError, lines.LineError, tags.TagPushError) as e:
         sys.exit(f"error: {e}")
-    name, _ = artifact(args.project)
     remote = default_remote(args.project)[0]  # publish() checked there is one
-    for commit, version in versions(args.project).items():
-        n = done[version]
-        print(f"{version}: {'published' if n else 'on the remote already'} ({n} files uploaded)")
-        if remote not in (Snapshot(args.project, commit).text(".dvc/config") or ""):
-            print(
-                f"  its commit predates the remote: `dvc artifacts get . {name} --rev {version} "
-                f"--remote {remote}` fetches it (so does --stage {STAGE} while it is the champion)"
-            )
-    if not done:
-        print("no registered version yet")
+    for name, found in done.items():
+        for commit, version in versions(args.project, name).items():
+            n = found[version]
+            state = "published" if n else "on the remote already"
+            print(f"{name}@{version}: {state} ({n} files uploaded)")
+            if remote not in (Snapshot(args.project, commit).text(".dvc/config") or ""):
+                print(
+                    f"  its commit predates the remote: `dvc artifacts get . {name} --rev "
+                    f"{version} --remote {remote}` fetches it (so does --stage {STAGE} while "
+                    "it is the champion)"
+                )
+        if not found:
+            print(f"{name}: no registered version yet")
+    if pushed is not None:
+        print(f"git tags pushed to origin: {len(pushed)} ({', '.join(pushed) or 'all there'})")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@ failed before they saved an experiment.
 
     python -m flows.results [PROJECT]            # or: make results; fits 120 columns
     python -m flows.results [PROJECT] --wide     # with the recipe, the parent, how it trained
+    python -m flows.results [PROJECT] --line NAME  # one line's runs (flows/lines.py)
+
+A project of several lines gets one table per line, each marking its own champion: a run's line
+is the one its flow run recorded, or the line whose decision judged it; the runs of no line
+(`dvc exp run` by hand, not yet through `python -m flows.promote --line`) and the failed runs
+follow in a table of their own.
 
 The experiments are the refs DVC saved them as (refs/exps: one per flow run, and any `dvc exp
 run` by hand), so a new commit hides none of them, as `dvc exp show` on HEAD would. Each row's
@@ -28,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows import registry
+from flows import lines, registry
 from flows.dag import Stage, read_dag
 from flows.lineage import EVALUATE, PARENT, Snapshot, flatten
 from transformer.core.metrics import KEYS
@@ -77,15 +83,20 @@ def exp_show(project: Path, baselines: list[str]) -> dict[str, dict[str, Any]]:
     }
 
 
+def recorded(project: Path, commit: str) -> dict[str, Any]:
+    """The recipe (preset, overrides, line) a flow run recorded in the commit message, or {}."""
+    for line in Snapshot(project, commit).git("log", "-1", "--format=%B", commit).splitlines():
+        if line.startswith("recipe: "):
+            return json.loads(line.removeprefix("recipe: "))
+    return {}
+
+
 def recipe(project: Path, commit: str) -> str:
     """The preset and overrides a flow run recorded in the commit message, else the preset
     named in params.yaml's header; "-" where neither says."""
-    snap = Snapshot(project, commit)
-    for line in snap.git("log", "-1", "--format=%B", commit).splitlines():
-        if line.startswith("recipe: "):
-            found = json.loads(line.removeprefix("recipe: "))
-            return " ".join([found.get("preset") or "-", *(found.get("overrides") or [])])
-    header = PRESET.match(snap.text("params.yaml") or "")
+    if found := recorded(project, commit):
+        return " ".join([found.get("preset") or "-", *(found.get("overrides") or [])])
+    header = PRESET.match(Snapshot(project, commit).text("params.yaml") or "")
     return header.group(1) if header else "-"
 
 
@@ -109,16 +120,37 @@ def number(x: Any) -> str | None:
     return f"{x:.2f}" if isinstance(x, int | float) else None
 
 
-def rows(project: Path) -> list[list[str]]:
-    """One row per experiment (WIDE's columns), oldest first, then one per decision whose
-    experiment this clone lacks, then the failed runs."""
+def line_names(project: Path) -> list[str]:
+    return [x.name for x in lines.read(Path(project))]
+
+
+def of_line(project: Path, exps: list[dict[str, str]], line: str | None) -> list[dict[str, str]]:
+    """The experiments of line `line` (None: of no line): those whose run recorded it, those
+    its decisions judged, and in a project of one line those that recorded none."""
+    names = line_names(project)
+    decided = {d["commit"]: n for n in names for d in registry.decision_tags(project, n)}
+    out = []
+    for e in exps:
+        theirs = recorded(project, e["commit"]).get("line") or decided.get(e["commit"])
+        if theirs is None and len(names) == 1:
+            theirs = names[0]
+        if theirs == line:
+            out.append(e)
+    return out
+
+
+def rows(project: Path, line: str | None = None, failed: bool = True) -> list[list[str]]:
+    """One row per experiment of line `line` (the only line's when None; WIDE's columns),
+    oldest first, then one per decision whose experiment this clone lacks, then the failed runs
+    (unless `failed` is False)."""
     project = Path(project)
-    exps = experiments(project)
+    line, _ = registry.artifact(project, line)
+    exps = of_line(project, experiments(project), line)
     shown = exp_show(project, [e["baseline"] for e in exps])
     dag = read_dag(project)
-    tags = registry.decision_tags(project)
-    champion = registry.champion_commit(project) if exps or tags else None
-    versions = registry.versions(project) if exps or tags else {}
+    tags = registry.decision_tags(project, line)
+    champion = registry.champion_commit(project, line) if exps or tags else None
+    versions = registry.versions(project, line) if exps or tags else {}
     decided: dict[str, list[dict[str, Any]]] = {}
     for d in tags:
         decided.setdefault(d["commit"], []).append(d)
@@ -159,6 +191,33 @@ def rows(project: Path) -> list[list[str]]:
                 None,
                 None,
                 ds,
+            )
+        )
+    return out + (failed_runs(project) if failed else [])
+
+
+def unassigned(project: Path) -> list[list[str]]:
+    """A row per experiment of no line (run by hand, not yet gated), then the failed runs."""
+    exps = of_line(project, experiments(project), None)
+    shown = exp_show(project, [e["baseline"] for e in exps])
+    dag = read_dag(project)
+    out = []
+    for e in exps:
+        entry = shown.get(e["commit"], {})
+        scores, trained = metrics(entry, dag.get(EVALUATE)), metrics(entry, dag.get(TRAIN))
+        seconds, began = own_time(trained, e["name"])
+        out.append(
+            row(
+                False,
+                e["name"],
+                None,
+                metrics(entry, dag.get(PARENT)).get("version"),
+                recipe(project, e["commit"]),
+                scores.get(KEYS["bleu"]),
+                trained.get("step"),
+                seconds,
+                [],
+                began,
             )
         )
     return out + failed_runs(project)
@@ -277,15 +336,45 @@ def main(argv: list[str] | None = None) -> None:
         help="every column, uncut: the recipe, the parent, how a retrain trained (continued, or "
         "why it fell back to scratch)",
     )
+    parser.add_argument("--line", help="one line's runs (default: every line's, grouped)")
     args = parser.parse_args(argv)
-    found = rows(args.project)
+    try:
+        names = line_names(args.project)
+        if args.line is not None:
+            registry.artifact(args.project, args.line)  # an unknown line: an error naming it
+    except (lines.LineError, registry.RegistryError) as e:
+        sys.exit(f"error: {e}")
+    if args.line is None and len(names) == 1:
+        show(rows(args.project), args.wide)
+    else:
+        for name in [args.line] if args.line else names:
+            show_line(args.project, name, args.wide)
+        if args.line is None:
+            print("\nruns of no line (gate one with `python -m flows.promote EXP --line NAME`):")
+            show(unassigned(args.project), args.wide)
+    saved = {e["commit"] for e in experiments(args.project)}
+    tags = [
+        d
+        for n in ([args.line] if args.line else names)
+        for d in registry.decision_tags(args.project, n)
+    ]
+    if any(d["commit"] not in saved for d in tags):
+        print(f"(rows without steps: decisions from git tags; their experiments' details: {FETCH})")
+
+
+def show(found: list[list[str]], wide: bool) -> None:
     if not found:
         print("no experiments, decisions or failed runs yet (refs/exps and decision tags empty)")
         return
-    print(table(found, args.wide))
-    saved = {e["commit"] for e in experiments(args.project)}
-    if any(d["commit"] not in saved for d in registry.decision_tags(args.project)):
-        print(f"(rows without steps: decisions from git tags; their experiments' details: {FETCH})")
+    print(table(found, wide))
+
+
+def show_line(project: Path, name: str, wide: bool) -> None:
+    """Line `name`'s heading (its champion) and its table."""
+    commit = registry.champion_commit(project, name)
+    version = registry.version_of(project, commit, name) if commit else None
+    print(f"\nline {name}: champion {f'{name}@{version}' if version else 'none yet'}")
+    show(rows(project, name, failed=False), wide)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ pair, or when the champion's tokenizer leaves more than `retrain.max_oov_rate` o
 words to single bytes (measured where it first meets the new data: `python -m transformer.data.vocab
 fit`, before any stage but download). The flow decides first (`decide_start`, pure), writes the
 decision into params.yaml once, then runs each stage once.
+
+Each line of the project (flows/lines.py) retrains in its own run workspace behind its own lock,
+against its own champion: `line` names it (the deployment `retrain/NAME` passes it); the
+project's only line when None.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import lineage, registry
+from flows import lineage, lines, registry
 from flows.dag import Stage, read_dag
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report, summary
@@ -73,13 +77,15 @@ def unfit(champion_params: dict[str, Any], params: dict[str, Any]) -> list[str]:
     ]
 
 
-def fetch_parent(root: Path, ws: Path, dag: dict[str, Stage], version: str) -> Path:
-    """The champion's package (`dvc artifacts get . NAME --rev V`) into the parent stage's
-    output folder in the workspace, replacing what was there; that folder."""
+def fetch_parent(
+    root: Path, ws: Path, dag: dict[str, Stage], version: str, line: str | None = None
+) -> Path:
+    """Line `line`'s champion's package (`dvc artifacts get . NAME --rev V`) into the parent
+    stage's output folder in the workspace, replacing what was there; that folder."""
     from dvc.repo import Repo
 
     (out,) = [o for o in dag[lineage.PARENT].outs if o not in dag[lineage.PARENT].metrics]
-    name, _ = registry.artifact(root)
+    name, _ = registry.artifact(root, line)
     dest = ws / out
     shutil.rmtree(dest, ignore_errors=True)  # into an existing folder DVC would nest it
     with Repo(str(root)) as repo:
@@ -142,7 +148,11 @@ def decide_start(
 
 
 def plan(
-    root: Path, ws: Path, dag: dict[str, Stage], champion: dict[str, Any] | None
+    root: Path,
+    ws: Path,
+    dag: dict[str, Stage],
+    champion: dict[str, Any] | None,
+    line: str | None = None,
 ) -> tuple[Start, dict[str, Any]]:
     """The decision on what is known after the download stage (the champion's package fetched
     only to measure its tokenizer's fit), and the retrain section as the workspace reads it."""
@@ -155,7 +165,7 @@ def plan(
         theirs = parse_yaml(text or "{}")
 
     def fit(version: str) -> dict[str, Any]:
-        return probe(ws, dag, fetch_parent(root, ws, dag, version))
+        return probe(ws, dag, fetch_parent(root, ws, dag, version, line))
 
     mode, params = cfg["mode"], read_params(ws / "params.yaml")
     return decide_start(mode, champion, theirs, params, cfg["max_oov_rate"], fit), cfg
@@ -170,22 +180,27 @@ def retrain(
     refresh_data: bool = True,
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
+    line: str | None = None,
 ) -> dict[str, Any]:
-    """Retrain the recipe when its data, code or params changed since the champion; promote the
-    candidate only if it passes the gate. Returns the decision and why."""
+    """Retrain line `line`'s recipe when its data, code or params changed since the line's
+    champion; promote the candidate only if it passes the gate. Returns the decision and why."""
     root = Path(project).resolve()
     overrides = list(overrides or [])
-    with workspace_lock(root):
+    found = lines.get(root, line)  # a bad declaration stops here, before any run
+    line = found.name
+    key = line if found.declared else None  # an undeclared single artifact: today's workspace
+    with workspace_lock(root, key):
         start_attempt()
-        ws, commit = prepare(root, rev, preset, overrides)
+        ws, commit = prepare(root, rev, preset, overrides, key)
         dag = read_dag(ws)
         force = (lineage.DOWNLOAD,) if refresh_data else ()  # fetch the source again
         downloaded = run_stages(
             ws, {lineage.DOWNLOAD: dag[lineage.DOWNLOAD]}, download_retries, retry_delay_s, force
         )
-        now, champion = identity(ws, dag), registry.champion(root)
+        now, champion = identity(ws, dag), registry.champion(root, line)
         changed = [k for k in IDENTITY if not champion or champion.get(k) != now[k]]
         out: dict[str, Any] = {
+            "line": line,
             "retrained": bool(changed),
             "promoted": False,
             "champion_before": champion,
@@ -200,14 +215,14 @@ def retrain(
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
-            start, cfg = plan(root, ws, dag, champion)
+            start, cfg = plan(root, ws, dag, champion, line)
             logger().info("training %s", start.why)
             if start.overrides:  # the decision, written once; then each stage runs once
                 apply_params(ws, None, list(start.overrides))
             extra = [*overrides, *start.overrides]
             # the decision writes retrain.* keys only, which the download stage does not read
             candidate = run_experiment(
-                ws, commit, preset, extra, download_retries, retry_delay_s, downloaded, dag
+                ws, commit, preset, extra, download_retries, retry_delay_s, downloaded, dag, line
             )
             run_id = f"retrain flow run {flow_run.get_id()}"
             rules = Rules.of(cfg)
@@ -219,6 +234,7 @@ def retrain(
                     run_id,
                     trained=start.why,
                     rules=rules,
+                    line=line,
                 )
             )
             out["parent"] = start.parent

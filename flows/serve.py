@@ -2,8 +2,12 @@
 
   pipeline/demo              the offline demo preset
   pipeline/wmt14-en-de-base  the paper's base model on WMT 2014 en-de
-  retrain/retrain            the retrain recipe (--retrain-preset, --retrain-override), on a cron
-                             schedule, at most one run at a time
+  retrain/NAME               each line's retrain (dvc.yaml's artifacts, flows/lines.py): its
+                             recipe, on its schedule, at most one run at a time per line and
+                             the lines at once
+  retrain/retrain            instead, for a project whose one artifact declares no line (no
+                             meta): the recipe of --retrain-preset and --retrain-override, on
+                             --cron, as before lines
   promote/promote            put an experiment through the promotion gate (-p experiment=NAME)
 
 This process creates the deployments and the crash-recovery automations (flows/automations.py)
@@ -26,7 +30,7 @@ from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 
-from flows import automations, registry
+from flows import automations, lines, registry
 from flows.pipeline import pipeline
 from flows.promote import promote
 from flows.retrain import retrain
@@ -41,26 +45,52 @@ def project_tag(path: Path) -> str:
 
 
 def specs(
-    cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
+    cron: str = RETRAIN_CRON,
+    preset: str = "demo",
+    overrides: list[str] | None = None,
+    project: Path = Path("."),
 ) -> list[tuple[Any, str, dict[str, Any]]]:
-    """(flow, deployment name, deployment options) of each deployment; deploy.py's too."""
-    one_at_a_time = ConcurrencyLimitConfig(
-        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
-    )
+    """(flow, deployment name, deployment options) of each deployment; deploy.py's too. The
+    project's lines are read (and checked: lines.LineError) here, before anything runs."""
     return [
         (pipeline, "demo", {"parameters": {"preset": "demo"}}),
         (pipeline, "wmt14-en-de-base", {"parameters": {"preset": "wmt14-en-de-base"}}),
-        (
-            retrain,
-            "retrain",
-            {
-                "cron": cron,
-                "concurrency_limit": one_at_a_time,
-                "parameters": {"preset": preset, "overrides": list(overrides or [])},
-            },
-        ),
+        *retrain_specs(lines.read(Path(project)), cron, preset, overrides),
         (promote, "promote", {}),
     ]
+
+
+def retrain_specs(
+    found: list[lines.Line], cron: str, preset: str, overrides: list[str] | None
+) -> list[tuple[Any, str, dict[str, Any]]]:
+    """A `retrain/NAME` per line; `retrain/retrain` with the flags' recipe and cron for a
+    project whose one artifact declares no line, as before lines."""
+    from prefect.schedules import Cron
+
+    # per deployment: one run at a time per line, the lines at once; the next one waits
+    one_at_a_time = ConcurrencyLimitConfig(
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
+    )
+    if len(found) == 1 and not found[0].declared:
+        params = {"preset": preset, "overrides": list(overrides or [])}
+        return [
+            (
+                retrain,
+                "retrain",
+                {"cron": cron, "concurrency_limit": one_at_a_time, "parameters": params},
+            )
+        ]
+    out = []
+    for x in found:
+        params = {"preset": x.preset, "overrides": list(x.overrides), "line": x.name}
+        if not x.declared:  # one of several artifacts without meta: the flags' recipe
+            params.update(preset=preset, overrides=list(overrides or []))
+        schedule = {"cron": cron} if not x.declared else {}
+        if x.cron:
+            schedule = {"schedule": Cron(x.cron, timezone=x.timezone or "UTC")}
+        options = {"concurrency_limit": one_at_a_time, "parameters": params, **schedule}
+        out.append((retrain, x.name, options))
+    return out
 
 
 def deployments(
@@ -117,6 +147,11 @@ def recipe_args(
         parser.add_argument("--pool", required=True, help="a work pool of type process")
     add_recipe_args(parser)
     args = parser.parse_args(argv)
+    try:  # a bad declaration stops serve/deploy before anything runs
+        if (project / "dvc.yaml").exists():
+            lines.read(project)
+    except lines.LineError as e:
+        parser.exit(2, f"{prog}: error: {e}\n")
     for override in args.retrain_override:
         try:
             check_override(override)
@@ -142,10 +177,10 @@ def main(argv: list[str] | None = None) -> None:
             "publish`",
             flush=True,
         )
-    print(
-        "retrain recipe: "
-        + json.dumps({"preset": args.retrain_preset, "overrides": args.retrain_override})
-    )
+    for f, name, options in specs(args.cron, args.retrain_preset, args.retrain_override):
+        if f is retrain:
+            when = options.get("cron") or getattr(options.get("schedule"), "cron", None)
+            print(f"retrain/{name}: " + json.dumps({**options["parameters"], "schedule": when}))
     serve(
         *deployments(args.cron, args.retrain_preset, args.retrain_override),
         heartbeat_seconds=automations.HEARTBEAT_S,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows import registry
+from flows import lines
 from flows.dag import read_dag
 from flows.lineage import DOWNLOAD, EVALUATE, Snapshot, Unreadable
 from transformer.core.files import split_lines
@@ -194,7 +194,7 @@ def scored_sets(project: Path, commit: str, record: dict[str, Any]) -> list[Scor
     snap = Snapshot(project, commit)
     evaluated = json.loads(snap.text(stage.metrics[0]) or "{}")
     (eval_dir,) = [o for o in stage.outs if o not in stage.metrics] or [None]
-    _, package = registry.artifact(project)
+    package = lines.read(project)[0].path  # every line's package is at dvc.yaml's one path
     found = [(record.get("split"), record.get("test_sha256"), evaluated.get("hyps"))]
     for name, r in (evaluated.get("sets") or {}).items():
         found.append((name, r.get("set_sha256"), r.get("hyps")))

@@ -1,7 +1,7 @@
 """The run workspace: where every flow run of a project works, never in the user's checkout.
 
 A git worktree of the project at `.dvc/tmp/flows/workspace` (DVC's own scratch folder, which git
-ignores), checked out at the commit a run asks for, with the run's params.yaml written into it
+ignores; a line's retrain at `.dvc/tmp/flows/lines/NAME`, one per line, each behind its own lock), checked out at the commit a run asks for, with the run's params.yaml written into it
 and the project's DVC cache shared (so nothing is stored twice and unchanged stages are skipped).
 It persists between runs: DVC's dvc.lock and the outputs there say what is up to date, and a
 crashed run's retry finds its checkpoints and resumes. Experiments saved there are refs of the
@@ -9,8 +9,9 @@ project's own git repository, so `dvc exp show` in the checkout lists them.
 
 Why not `dvc exp run --temp` / `--queue`: each makes a new temporary copy per run, so a retry
 after a crash would start training afresh; and DVC's temp runs have known lock problems when
-they overlap (treeverse/dvc#5718, #8628, #10673). Runs of one project are serialised anyway
-(`shell.workspace_lock`), so one workspace suffices.
+they overlap (treeverse/dvc#5718, #8628, #10673). Runs of one workspace are serialised anyway
+(`shell.workspace_lock`), so one workspace per line suffices; two lines' runs share only the DVC
+cache (content-addressed, written atomically) and the git repository's refs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from pathlib import Path
 from flows.shell import logger
 
 WORKSPACE = Path(".dvc/tmp/flows/workspace")  # inside the project; DVC's .gitignore covers tmp/
+LINES = Path(".dvc/tmp/flows/lines")  # a line's workspace: LINES / NAME
+
+
+def path(project: Path, line: str | None = None) -> Path:
+    """The run workspace of line `line` (None: the pipeline flow's)."""
+    # "/" escaped: line a's folder must not hold line a/b's (reap() kills what runs inside)
+    return Path(project) / (WORKSPACE if line is None else LINES / line.replace("/", "%2F"))
 
 
 class WorkspaceError(RuntimeError):
@@ -50,12 +58,13 @@ def resolve(project: Path, rev: str) -> str:
         ) from None
 
 
-def prepare(project: Path, rev: str) -> tuple[Path, str]:
-    """The workspace checked out at `rev` (its tracked files as committed), sharing the project's
-    DVC cache; (its path, the commit). Untracked state (dvc.lock, data/) carries over."""
+def prepare(project: Path, rev: str, line: str | None = None) -> tuple[Path, str]:
+    """The workspace (line `line`'s) checked out at `rev` (its tracked files as committed),
+    sharing the project's DVC cache; (its path, the commit). Untracked state (dvc.lock, data/)
+    carries over."""
     project = project.resolve()
     commit = resolve(project, rev)
-    ws = project / WORKSPACE
+    ws = path(project, line)
     reap(ws)  # a crashed attempt's stage processes must not write into this run
     release_dead_locks(ws)
     registered = ws.resolve() in {

@@ -54,6 +54,12 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
     serve, local_only, demo, promote, remote, commit, publish, clone, _, fetch, _ = steps
     assert fetch == readme_fetch()  # the README's command is the doc's
     toy = make_toy(tmp_path / "toy")
+    # the README's champion is the shipped line en-de's: the toy's one artifact named so (no
+    # meta: one line as before lines, retrain/retrain)
+    (toy / "dvc.yaml").write_text(
+        (toy / "dvc.yaml").read_text().replace(" transformer:", " en-de:")
+    )
+    sh("git", "commit", "-qam", "the artifact en-de", cwd=toy)
     params = (toy / "params.yaml").read_bytes()
     corpus = str(toy.parent / "corpus")
     env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}

@@ -25,6 +25,13 @@ def checkout(tmp_path: Path, remote: bool = True) -> Path:
         check=True,
     ).stdout
     subprocess.run(["tar", "-xf", "-"], cwd=project, input=tar, check=True)
+    # one model, as before lines (flows/lines.py): the tests of the real pipeline's flows train
+    # one recipe, in the project's one run workspace; tests/test_flows_lines.py covers lines
+    dvc_yaml = project / "dvc.yaml"
+    head = dvc_yaml.read_text().split("\nartifacts:\n")[0]
+    dvc_yaml.write_text(
+        head + "\nartifacts:\n  transformer:\n    path: data/package\n    type: model\n"
+    )
     git_init(project)
     if remote:
         sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=project)

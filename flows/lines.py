@@ -1,0 +1,220 @@
+"""The project's lines: one model each (a language pair, a size), declared in dvc.yaml.
+
+Each entry under dvc.yaml's `artifacts:` is a line, with its settings in the artifact's `meta:`
+
+    artifacts:
+      en-de:
+        path: data/package
+        type: model
+        meta:
+          recipe: {preset: demo, overrides: [train.max_steps=800]}
+          schedule: {cron: "0 3 * * 1", timezone: UTC}     # null: run by hand only
+          retrain: {margin: 0.5, mode: continue}          # over the recipe's retrain section
+
+An artifact without `meta` (a project from before lines) is one line with the behaviour it had:
+the recipe is the project's params.yaml (or serve's --retrain-preset/--retrain-override), the
+schedule serve's --cron, the gate params.yaml's retrain section. read() checks every line
+before anything runs: a bad one is a LineError naming dvc.yaml, the line and the key.
+Torch-free; the recipe is checked by transformer.core.presets, as `python -m transformer.config
+check` checks it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+META_KEYS = ("recipe", "schedule", "retrain")
+RECIPE_KEYS = ("preset", "overrides")
+SCHEDULE_KEYS = ("cron", "timezone")
+
+
+class LineError(ValueError):
+    """A bad declaration: names dvc.yaml, the line and the key."""
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    path: str  # the artifact's path (dvc.yaml's): the packaged model
+    preset: str | None = None  # None: the project's params.yaml as committed
+    overrides: tuple[str, ...] = ()  # the recipe's, then the retrain meta's as retrain.KEY=VALUE
+    cron: str | None = None
+    timezone: str | None = None
+    declared: bool = True  # False: an artifact without meta (today's single artifact)
+    retrain: dict[str, Any] = field(default_factory=dict)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses a duplicate key (yaml keeps the last one silently)."""
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise LineError(
+                f"dvc.yaml line {key_node.start_mark.line + 1}: {key!r} is declared twice "
+                f"(first on line {seen[key] + 1})"
+            )
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+_checked: dict[tuple[Path, str, str], list[Line]] = {}  # (project, dvc.yaml, params.yaml) -> lines
+
+
+def read(project: Path = Path(".")) -> list[Line]:
+    """Every line of the project's dvc.yaml, in declaration order, each checked."""
+    path = Path(project) / "dvc.yaml"
+    params = Path(project) / "params.yaml"
+    text = path.read_text()
+    key = (path.resolve(), text, params.read_text() if params.exists() else "")
+    if key not in _checked:
+        _checked[key] = _read(Path(project), path, text)
+    return _checked[key]
+
+
+def _read(project: Path, path: Path, text: str) -> list[Line]:
+    try:
+        arts = (yaml.load(text, Loader=_Loader) or {}).get("artifacts") or {}
+    except yaml.YAMLError as e:
+        raise LineError(f"{path}: not valid YAML: {e}") from None
+    except LineError as e:
+        raise LineError(f"{path}: {str(e).removeprefix('dvc.yaml ')}") from None
+    if not arts:
+        raise LineError(f"{path}: no model declared (no entry under artifacts:)")
+    return [check(project, name, spec or {}) for name, spec in arts.items()]
+
+
+def get(project: Path, name: str | None) -> Line:
+    """Line `name`, or the project's only line when `name` is None."""
+    found = read(project)
+    if name is None:
+        if len(found) == 1:
+            return found[0]
+        raise LineError(
+            f"{Path(project) / 'dvc.yaml'} declares {len(found)} lines "
+            f"({', '.join(x.name for x in found)}): name one (--line NAME)"
+        )
+    for x in found:
+        if x.name == name:
+            return x
+    raise LineError(
+        f"{Path(project) / 'dvc.yaml'}: no line {name!r} under artifacts: "
+        f"(declared: {', '.join(x.name for x in found)})"
+    )
+
+
+def check(project: Path, name: str, spec: dict[str, Any]) -> Line:
+    """The Line of artifact `name`, or LineError naming the line and the key."""
+    from gto.constants import assert_name_is_valid
+    from gto.exceptions import ValidationError
+
+    where = f"{project / 'dvc.yaml'}: artifacts.{name}"
+    try:
+        assert_name_is_valid(name)
+    except ValidationError as e:
+        raise LineError(f"{where}: not a name GTO can tag: {e}") from None
+    if not spec.get("path"):
+        raise LineError(f"{where}.path: missing")
+    meta = spec.get("meta")
+    if meta is None:
+        return Line(name, spec["path"], declared=False)
+    meta = _keys(meta, META_KEYS, f"{where}.meta")
+    recipe = _keys(meta.get("recipe") or {}, RECIPE_KEYS, f"{where}.meta.recipe")
+    preset = recipe.get("preset")
+    overrides = recipe.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise LineError(f"{where}.meta.recipe.overrides: a list of KEY=VALUE strings")
+    gate = _keys(meta.get("retrain") or {}, None, f"{where}.meta.retrain")
+    every = [*overrides, *retrain_overrides(gate)]
+    check_recipe(project, preset, overrides, where, ".meta.recipe.overrides")
+    if gate:
+        check_recipe(project, preset, every, where, ".meta.retrain")
+    cron, tz = schedule(meta.get("schedule"), f"{where}.meta.schedule")
+    return Line(name, spec["path"], preset, tuple(every), cron, tz, True, gate)
+
+
+def _keys(value: Any, allowed: tuple[str, ...] | None, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise LineError(f"{where}: a mapping, got {value!r}")
+    for k in value:
+        if allowed is not None and k not in allowed:
+            raise LineError(f"{where}.{k}: unknown key (known: {', '.join(allowed)})")
+    return value
+
+
+def retrain_overrides(gate: dict[str, Any], prefix: str = "retrain") -> list[str]:
+    """The retrain meta as `dvc exp run -S` overrides, nested mappings flattened."""
+    out = []
+    for k, v in gate.items():
+        if isinstance(v, dict):
+            out += retrain_overrides(v, f"{prefix}.{k}")
+        else:
+            text = {True: "true", False: "false"}.get(v, v) if isinstance(v, bool) else v
+            out.append(f"{prefix}.{k}={text}")
+    return out
+
+
+def check_recipe(
+    project: Path, preset: str | None, overrides: list[str], where: str, part: str
+) -> None:
+    """The preset and overrides applied as a run applies them, then validated as `python -m
+    transformer.config check` validates params.yaml."""
+    from dvc.utils.hydra import apply_overrides
+
+    from transformer.core import presets
+    from transformer.core.settings import ConfigError
+
+    if preset is not None and preset not in presets.presets():
+        raise LineError(
+            f"{where}.meta.recipe.preset: no preset {preset!r} "
+            f"(available: {', '.join(presets.presets())})"
+        )
+    try:
+        for o in overrides:
+            if "=" not in o:
+                raise ConfigError(f"{o!r} is not KEY=VALUE")
+            presets.check_key(o.split("=", 1)[0].lstrip("+~"), f"override {o!r}")
+    except ConfigError as e:
+        raise LineError(f"{where}{part}: {e}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        params = Path(tmp) / "params.yaml"
+        if preset is None:
+            base = project / "params.yaml"
+            params.write_text(base.read_text() if base.exists() else "{}\n")
+        else:
+            presets.write_preset(preset, params)
+        try:
+            if overrides:
+                apply_overrides(params, list(overrides))
+            presets.load_all(params)
+        except Exception as e:  # noqa: BLE001  hydra's and the sections' errors alike
+            msg = str(e).replace(str(params), "the recipe")
+            raise LineError(f"{where}{part}: refused by the config check: {msg}") from None
+
+
+def schedule(value: Any, where: str) -> tuple[str | None, str | None]:
+    """(cron, timezone) as Prefect's CronSchedule accepts them; (None, None) for none."""
+    if value is None:
+        return None, None
+    value = _keys(value, SCHEDULE_KEYS, where)
+    if not value.get("cron"):
+        raise LineError(f"{where}.cron: missing (or schedule: null for none)")
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=str(value["cron"]), timezone=value.get("timezone") or "UTC")
+    except ValueError as e:
+        first = next(x for x in str(e).splitlines() if "Value error" in x).strip()
+        raise LineError(f"{where}: {first}") from None
+    return str(value["cron"]), value.get("timezone")

@@ -1,0 +1,211 @@
+"""Several lines in one project, on the toy project with a real Prefect server, real dvc and a
+bare git repository standing in for the team's remote: one `flows.serve` serves a retrain per
+line, both run at once and are promoted as v1 of their own line, a worse candidate of one line
+is refused against its own champion only, a clone of the remote fetches each champion, and a
+project promoted before lines keeps its registry under the new code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prefect_fixtures import (
+    DVC,
+    ROOT,
+    client,
+    deployment_run,
+    make_toy,
+    run_id,
+    served,
+    sh,
+    wait_until,
+)
+
+LINES = """artifacts:
+  en-de:
+    path: data/package
+    type: model
+    meta: {recipe: {preset: demo}, schedule: null}
+  de-en:
+    path: data/package
+    type: model
+    meta:
+      recipe: {preset: demo, overrides: [train.max_steps=500]}
+      schedule: {cron: "0 4 * * 1", timezone: UTC}
+      retrain: {margin: 0.5}
+"""
+
+
+def declare(toy: Path, artifacts: str) -> None:
+    text = (toy / "dvc.yaml").read_text()
+    (toy / "dvc.yaml").write_text(text.split("artifacts:")[0] + artifacts)
+    sh("git", "commit", "-qam", "the lines", cwd=toy)
+
+
+def with_remotes(toy: Path, tmp_path: Path) -> Path:
+    """A bare git repository as origin and a DVC remote `store` (default, committed)."""
+    bare = tmp_path / "team.git"
+    sh("git", "init", "-q", "--bare", str(bare), cwd=tmp_path)
+    sh("git", "remote", "add", "origin", str(bare), cwd=toy)
+    sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "store"), cwd=toy)
+    sh("git", "commit", "-qm", "DVC remote", ".dvc/config", cwd=toy)
+    sh("git", "push", "-q", "origin", "main", cwd=toy)
+    return bare
+
+
+def tags(repo: Path, *patterns: str) -> dict[str, str]:
+    """{tag: the commit it points at}."""
+    out = sh(
+        "git",
+        "for-each-ref",
+        "--format=%(refname:short) %(*objectname)%(objectname)",
+        *(f"refs/tags/{p}" for p in patterns),
+        cwd=repo,
+    )
+    return dict(line.split(" ", 1) for line in out.splitlines())
+
+
+def finished(run: str):
+    def ended():
+        with client() as c:
+            r = c.read_flow_run(run)
+        return r if r.state.is_final() else None
+
+    return wait_until(f"flow run {run} to end", ended, timeout=1200)
+
+
+def python(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
+    prefect_server: dict, tmp_path: Path
+) -> None:
+    toy = make_toy(tmp_path / "toy")
+    declare(toy, LINES)
+    bare = with_remotes(toy, tmp_path)
+    corpus = str(toy.parent / "corpus")
+    env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}
+    with served(toy, env, TOY_CORPUS=corpus) as proc:
+        log = proc.log_path.read_text()
+        assert 'retrain/en-de: {"preset": "demo", "overrides": [], "line": "en-de", ' in log
+        assert '"retrain.margin=0.5"], "line": "de-en", "schedule": "0 4 * * 1"}' in log
+        # started at the same moment: neither waits for the other (one slot per line)
+        runs = [
+            run_id(deployment_run(env, f"retrain/{n}", watch=False, cwd=toy).stdout)
+            for n in ("en-de", "de-en")
+        ]
+        ends = [finished(r) for r in runs]
+    assert all(r.state.is_completed() for r in ends), [r.state for r in ends]
+    mine = tags(toy, "en-de*", "de-en*", "decision")
+    assert {t for t in mine if "#" in t or "@" in t} == {
+        "en-de@v1.0.0",
+        "en-de#prod#1",
+        "de-en@v1.0.0",
+        "de-en#prod#1",
+    }
+    assert {"decision/en-de/0001", "decision/de-en/0001"} <= set(mine)
+    assert mine["en-de@v1.0.0"] != mine["de-en@v1.0.0"]  # each line its own experiment
+    for n in ("en-de", "de-en"):  # each line its own workspace
+        assert (toy / ".dvc/tmp/flows/lines" / n / "dvc.lock").exists()
+    assert tags(bare, "*") == tags(toy, "*")  # the registry reached the team's remote
+
+    # a clone of the team's remote (not of the serving repository) fetches each champion
+    clone = tmp_path / "clone"
+    sh("git", "clone", "-q", str(bare), str(clone), cwd=tmp_path)
+    for n, steps in (("en-de", 600), ("de-en", 500)):
+        sh(
+            *DVC,
+            "artifacts",
+            "get",
+            ".",
+            n,
+            "--stage",
+            "prod",
+            "-o",
+            n,
+            "--remote",
+            "store",
+            cwd=clone,
+        )
+        assert (clone / n / "model.pt").read_text().startswith(f"{steps} ")
+
+    # a worse candidate of de-en meets de-en's champion only; en-de's tags stay as they were
+    before = tags(toy, "en-de*", "decision/en-de/*")
+    sh(
+        *DVC,
+        "exp",
+        "run",
+        "-q",
+        "-n",
+        "worse",
+        "-S",
+        "train.max_steps=100",
+        cwd=toy,
+        env={**env, "TOY_CORPUS": corpus},
+    )
+    r = python(["-m", "flows.promote", "worse"], toy, env)
+    assert r.returncode == 1 and "declares 2 lines (en-de, de-en): name one" in r.stderr, r.stderr
+    r = python(["-m", "flows.promote", "worse", "--line", "de-en"], toy, env)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "does not beat champion 50.00 by more than the margin 0.5" in r.stdout, r.stdout
+    assert tags(toy, "en-de*", "decision/en-de/*") == before
+    assert "decision/de-en/0002" in tags(bare, "decision/de-en/*")  # pushed as it was made
+    assert set(tags(toy, "de-en#*")) == {"de-en#prod#1"}
+
+    # make results: a table per line, each marking its own champion
+    r = python(["-m", "flows.results"], toy, env)
+    assert r.returncode == 0, r.stderr
+    assert "line en-de: champion en-de@v1.0.0" in r.stdout
+    assert "line de-en: champion de-en@v1.0.0" in r.stdout
+    one = python(["-m", "flows.results", "--line", "de-en"], toy, env).stdout
+    assert "line en-de" not in one and "refused" in one and one.count("*") == 1, one
+
+
+OLD = "93a8df7"  # the last commit before lines: its flows/ as a project promoted then has it
+
+
+@pytest.mark.slow
+def test_a_project_promoted_before_lines_keeps_its_registry(
+    prefect_server: dict, tmp_path: Path
+) -> None:
+    """Promoted with the code before lines (its flows/ from git), then moved to the new code
+    with its own single-artifact declaration kept: its tags, `dvc artifacts get` and decisions
+    still work, and its next retrain is gated against the champion it had."""
+    toy = make_toy(tmp_path / "toy")
+    sh("rm", "-rf", "flows", cwd=toy)
+    subprocess.run(f"git -C {ROOT} archive {OLD} flows | tar -x -C {toy}", shell=True, check=True)
+    sh("git", "add", "-A", cwd=toy)
+    sh("git", "commit", "-qm", "the flows before lines", cwd=toy)
+    corpus = str(toy.parent / "corpus")
+    env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}
+    retrain = ["-c", "from flows.retrain import retrain; print(retrain()['reason'])"]
+    r = python(retrain, toy, env)
+    assert r.returncode == 0 and "no champion yet" in r.stdout, r.stdout + r.stderr
+    assert set(tags(toy, "transformer*")) == {"transformer@v1.0.0", "transformer#prod#1"}
+
+    sh("rm", "-rf", "flows", cwd=toy)  # the new code; dvc.yaml's `transformer` kept as it was
+    sh("cp", "-r", str(ROOT / "flows"), str(toy / "flows"), cwd=toy)
+    (toy / "presets/demo.yaml").write_text(
+        (toy / "presets/demo.yaml").read_text().replace("max_steps: 600", "max_steps: 550")
+    )
+    sh("git", "add", "-A", cwd=toy)
+    sh("git", "commit", "-qm", "the new code; a shorter recipe", cwd=toy)
+    r = python(retrain, toy, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "does not beat champion 60.00" in r.stdout, r.stdout  # gated against v1.0.0
+    found = python(["-c", "from flows import registry; print(registry.decisions('.'))"], toy, env)
+    assert found.stdout.count("promoted as v1.0.0") == 1 and "refused" in found.stdout
+    sh(*DVC, "artifacts", "get", ".", "transformer", "--stage", "prod", "-o", "got", cwd=toy)
+    assert (toy / "got/model.pt").read_text().startswith("600 ")
