@@ -55,11 +55,11 @@ class Page:
             time.sleep(0.25)
         raise AssertionError(f"the page never showed {what}")
 
-    def screenshot(self) -> bytes:
-        """The whole page as PNG."""
-        h = self.evaluate("document.documentElement.scrollHeight") or 900
-        self.send("Emulation.setDeviceMetricsOverride", width=1280, height=int(h),
+    def screenshot(self, height: int = 900) -> bytes:
+        """The page as PNG, in a window `height` pixels high (Prefect's UI scrolls inside)."""
+        self.send("Emulation.setDeviceMetricsOverride", width=1280, height=height,
                   deviceScaleFactor=1, mobile=False)  # fmt: skip
+        time.sleep(1)  # the layout follows the new size
         return base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"])
 
 

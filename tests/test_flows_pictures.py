@@ -197,12 +197,12 @@ def test_the_artifact_pages_show_their_pictures_in_a_browser(runs: Runs, ui: str
     """Prefect's UI renders the markdown: each data-URI picture loads (naturalWidth > 0).
     TRANSFORMER_SCREENSHOTS=1 saves each page to docs/img/ (as docs/orchestration.md shows)."""
     pages = [
-        (runs.second, "training-curves", 2, "artifact-training-curves.png"),
-        (runs.second, "retrain-decision", 0, "artifact-retrain-decision.png"),
-        (runs.first, "train-progress", 0, "artifact-train-progress.png"),
+        (runs.second, "training-curves", 2, "artifact-training-curves.png", 1500),
+        (runs.second, "retrain-decision", 0, "artifact-retrain-decision.png", 700),
+        (runs.first, "train-progress", 0, "artifact-train-progress.png", 400),
     ]
     with chromium.page(chromium.found()) as tab:
-        for run, key, images, shot in pages:
+        for run, key, images, shot, height in pages:
             tab.navigate(f"{ui}/artifacts/artifact/{artifact_id(run, key)}")
             if images:
                 widths = tab.wait_for(
@@ -216,4 +216,4 @@ def test_the_artifact_pages_show_their_pictures_in_a_browser(runs: Runs, ui: str
                 time.sleep(1)  # its content renders after the title
             if os.environ.get("TRANSFORMER_SCREENSHOTS"):
                 DOCS_IMG.mkdir(parents=True, exist_ok=True)
-                (DOCS_IMG / shot).write_bytes(tab.screenshot())
+                (DOCS_IMG / shot).write_bytes(tab.screenshot(height))
