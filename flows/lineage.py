@@ -9,7 +9,6 @@ MetricsError naming the file and the key.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import subprocess
@@ -222,21 +221,3 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     record["params_sha256"] = params_hash(snap.text("params.yaml"))
     record.update(extra)
     return record
-
-
-def curves(project: Path, dag: dict[str, Stage]) -> list[tuple[str, int, str, str]]:
-    """(plot file, points, first value, last value) for each .tsv/.csv under the plot outputs."""
-    rows = []
-    for stage in dag.values():
-        for plot in stage.plots:
-            base = project / plot
-            for f in sorted(base.rglob("*") if base.is_dir() else [base]):
-                if f.suffix not in (".tsv", ".csv"):
-                    continue
-                with open(f, newline="") as fh:
-                    data = list(csv.reader(fh, delimiter="\t" if f.suffix == ".tsv" else ","))
-                if len(data) > 1:
-                    rows.append(
-                        (str(f.relative_to(project)), len(data) - 1, data[1][-1], data[-1][-1])
-                    )
-    return rows

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
-from flows import lineage, workspace
+from flows import lineage, progress, workspace
+from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
 from flows.shell import (
     TRANSIENT,
@@ -59,24 +60,25 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
     t0 = time.monotonic()
     logger().info("stage %s: started", stage)
-    for resumes in range(PREEMPTED_RESUMES + 1):
-        try:
-            out = dvc(
-                "repro",
-                "--single-item",
-                *(["--force"] if force else []),
-                stage,
-                cwd=ws,
-                what=f"stage {stage}",
-            )
-            break
-        except CommandError as e:
-            if not e.preempted or resumes == PREEMPTED_RESUMES:
-                raise
-            resuming(
-                f"stage {stage} preempted ({e.cause}); resuming ({resumes + 1} of "
-                f"{PREEMPTED_RESUMES})"
-            )
+    with progress.shown(ws, stage):  # the train stage's bar in the UI
+        for resumes in range(PREEMPTED_RESUMES + 1):
+            try:
+                out = dvc(
+                    "repro",
+                    "--single-item",
+                    *(["--force"] if force else []),
+                    stage,
+                    cwd=ws,
+                    what=f"stage {stage}",
+                )
+                break
+            except CommandError as e:
+                if not e.preempted or resumes == PREEMPTED_RESUMES:
+                    raise
+                resuming(
+                    f"stage {stage} preempted ({e.cause}); resuming ({resumes + 1} of "
+                    f"{PREEMPTED_RESUMES})"
+                )
     text = "\n".join(out)
     done = "skipped" if "didn't change" in text else "restored" if "is cached" in text else "ran"
     logger().info("stage %s: %s (%.0f s)", stage, done, time.monotonic() - t0)
@@ -225,8 +227,10 @@ def experiment_ref(ws: Path, name: str) -> str:
     return ref.removeprefix("refs/exps/")
 
 
-def publish(ws: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
-    """The lineage table artifact and the markdown artifact linking the training curves."""
+def publish(
+    ws: Path, dag: dict[str, Stage], record: dict[str, Any], champion: dict[str, Any] | None = None
+) -> None:
+    """The lineage table artifact and the training curves' (with `champion`'s beside)."""
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
     bleu = record.get("bleu")
     create_table_artifact(  # its description is what `python -m flows.run --wait` prints
@@ -238,23 +242,7 @@ def publish(ws: Path, dag: dict[str, Stage], record: dict[str, Any]) -> None:
             + f" (through the gate: python -m flows.promote {record['experiment']})"
         ),
     )
-    html = ws / "dvc_plots" / record["experiment"]
-    html.mkdir(parents=True, exist_ok=True)
-    dvc("plots", "show", "--out", str(html), cwd=ws)
-    lines = [
-        f"# Training curves: {record['experiment']}",
-        "",
-        f"Rendered by DVC: [index.html]({(html / 'index.html').as_uri()})",
-        "",
-        "Again from git + DVC alone: `dvc exp apply "
-        + record["experiment"]
-        + "` then `dvc plots show`; compare runs with `dvc plots diff`.",
-        "",
-        "| curve | points | first | last |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {f} | {n} | {a} | {b} |" for f, n, a, b in lineage.curves(ws, dag)]
-    create_markdown_artifact("\n".join(lines), key="training-curves")
+    publish_curves(ws, dag, record["experiment"], champion)
 
 
 @flow(name="pipeline", log_prints=True)
@@ -286,11 +274,13 @@ def run_experiment(
     done: dict[str, str] | None = None,
     dag: dict[str, Stage] | None = None,
     line: str | None = None,
+    champion: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The stages in the prepared workspace `ws` (at `commit`, the recipe applied) but those
     `done` already, the experiment saved and published; its record. pipeline() and retrain()
     share it after their preamble; `dag`: the workspace's, if the caller has read it (DVC parses
-    dvc.yaml for each read, ~0.5 s)."""
+    dvc.yaml for each read, ~0.5 s); `champion`: the record whose curves the run's are drawn
+    beside."""
     dag = dag or read_dag(ws)
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     # the train stage records it in its checkpoints: a later run that goes on from them (the
@@ -302,5 +292,5 @@ def run_experiment(
     record = lineage.lineage(
         lineage.Snapshot(ws), dag, commit, experiment=name, experiment_commit=exp_commit, **recipe
     )
-    publish(ws, dag, record)
+    publish(ws, dag, record, champion)
     return {"stages": stages, **record}

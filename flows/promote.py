@@ -214,22 +214,30 @@ def report(out: dict[str, Any], title: str) -> str:
     return "\n".join([*head(out, title, verdict, rows), *gate_table(out.get("gate") or {})])
 
 
+GATE_HEADER = (
+    "| set | sentences | candidate BLEU | champion BLEU | delta | p | chrF | champion chrF "
+    "| delta | p |"
+)
+
+
 def gate_table(tested: dict[str, Any]) -> list[str]:
-    """The noise test's figures as markdown rows, one per set (none when it did not run)."""
+    """The noise test's figures as markdown rows, one per set (none when it did not run): each
+    system's BLEU with the bootstrap's mean and 95% confidence interval."""
     rules, lines = tested.get("rules") or {}, []
     if tested.get("tests"):
         lines += [
             "",
             (
-                f"Paired bootstrap (sacreBLEU), {rules.get('samples')} resamples, seed "
-                f"{rules.get('seed')}; margin {rules.get('margin')}, alpha {rules.get('alpha')}, "
-                f"max chrF drop {rules.get('max_chrf_drop')}:"
+                f"Paired bootstrap (sacreBLEU), {cell(rules.get('samples'))} resamples, seed "
+                f"{cell(rules.get('seed'))}; margin {cell(rules.get('margin'))}, alpha "
+                f"{cell(rules.get('alpha'))}, max chrF drop {cell(rules.get('max_chrf_drop'))}. "
+                "BLEU (bootstrap mean ± 95% CI):"
             ),
             "",
-            "| set | sentences | BLEU | champion | delta | p | chrF | champion | delta | p |",
+            GATE_HEADER,
             "|---|---|---|---|---|---|---|---|---|---|",
             *(
-                f"| {t['set']} | {t['sentences']} | {t['bleu']:.2f} | {t['champion_bleu']:.2f} "
+                f"| {t['set']} | {t['sentences']} | {with_ci(t, '')} | {with_ci(t, 'champion_')} "
                 f"| {t['bleu_delta']:+.2f} | {t['p']:.4f} | {t['chrf']:.2f} | "
                 f"{t['champion_chrf']:.2f} | {t['chrf_delta']:+.2f} | {t['chrf_p']:.4f} |"
                 for t in tested["tests"]
@@ -238,19 +246,42 @@ def gate_table(tested: dict[str, Any]) -> list[str]:
     return lines + [f"- not tested: {u}" for u in tested.get("untested") or []]
 
 
+def with_ci(t: dict[str, Any], who: str) -> str:
+    """ "31.20 (31.18 ± 0.95)": BLEU, then the bootstrap's mean and CI where recorded (decisions
+    before they were have the score alone)."""
+    score = f"{t[who + 'bleu']:.2f}"
+    if t.get(who + "bleu_ci") is None:
+        return score
+    return f"{score} ({t[who + 'bleu_mean']:.2f} ± {t[who + 'bleu_ci']:.2f})"
+
+
+NONE = "—"  # a value a record does not have (a table shows no `None`)
+EMPTY = {"champion before": "no champion yet", "candidate": "none trained"}  # a missing row
+
+
+def cell(value: Any, width: int | None = None) -> str:
+    """A table cell: NONE for a missing value, else the value (its first `width` characters)."""
+    if value is None or value == "":
+        return NONE
+    return str(value)[:width] if width else str(value)
+
+
 def head(out: dict[str, Any], title: str, verdict: str, rows: list) -> list[str]:
-    """The decision's title, reason and the two experiments' table."""
+    """The decision's title, reason and the two experiments' table (a missing champion said)."""
     return [
         f"# {title}: {verdict}",
         "",
         out["reason"],
         "",
-        "| | experiment | commit | BLEU | data | code | params |",
-        "|---|---|---|---|---|---|---|",
+        "| | experiment | version | commit | BLEU | data | code | params |",
+        "|---|---|---|---|---|---|---|---|",
         *(
-            f"| {label} | {r.get('experiment')} | {str(r.get('experiment_commit'))[:9]} | "
-            f"{r.get('bleu')} | {r.get('data_hash')} | {r.get('code_hash')} | "
-            f"{str(r.get('params_sha256'))[:12]} |"
+            f"| {label} | {cell(r.get('experiment'))} | {cell(r.get('version'))} | "
+            f"{cell(r.get('experiment_commit'), 9)} | {cell(r.get('bleu'))} | "
+            f"{cell(r.get('data_hash'))} | {cell(r.get('code_hash'))} | "
+            f"{cell(r.get('params_sha256'), 12)} |"
+            if r
+            else f"| {label} | {EMPTY.get(label, NONE)} |" + f" {NONE} |" * 6
             for label, r in rows
         ),
     ]

@@ -222,7 +222,16 @@ def retrain(
             extra = [*overrides, *start.overrides]
             # the decision writes retrain.* keys only, which the download stage does not read
             candidate = run_experiment(
-                ws, commit, preset, extra, download_retries, retry_delay_s, downloaded, dag, line
+                ws,
+                commit,
+                preset,
+                extra,
+                download_retries,
+                retry_delay_s,
+                downloaded,
+                dag,
+                line,
+                champion,
             )
             run_id = f"retrain flow run {flow_run.get_id()}"
             rules = Rules.of(cfg)

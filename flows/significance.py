@@ -103,6 +103,11 @@ def paired_bs(
         "sentences": len(refs),
         "bleu": round(bleu[1].score, 4),
         "champion_bleu": round(bleu[0].score, 4),
+        # the resamples' mean BLEU and its 95% confidence interval (±), each system's
+        "bleu_mean": round(float(bleu[1].mean), 4),
+        "bleu_ci": round(float(bleu[1].ci), 4),
+        "champion_bleu_mean": round(float(bleu[0].mean), 4),
+        "champion_bleu_ci": round(float(bleu[0].ci), 4),
         "bleu_delta": round(bleu[1].score - bleu[0].score, 4),
         "p": bleu[1].p_value,
         "chrf": round(chrf[1].score, 4),

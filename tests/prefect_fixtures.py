@@ -107,10 +107,22 @@ elif stage == "train":  # persist: a killed run's retry finds its checkpoints, a
     for s in (steps // 2, steps):
         ckpt = pathlib.Path(f"data/checkpoints/step_{s:08d}.pt")
         ckpt.write_text(f"{s} {sha('data/raw/train.en')}")
-    os.makedirs("data/live/plots/metrics/train", exist_ok=True)
-    pathlib.Path("data/live/plots/metrics/train/loss.tsv").write_text(
-        "step\tloss\n" + "".join(f"{s}\t{10 / s:.3f}\n" for s in range(1, steps + 1)))
-    dump("data/live/metrics.json", {"step": steps, "train": {"loss": 10 / steps}})
+    # dvclive's files, as the real stage writes them: a log point per step, a validation per
+    # tenth, metrics.json after each; TOY_TRAIN_S spreads the steps over that many seconds
+    live, pace = pathlib.Path("data/live/plots/metrics"), float(env("TOY_TRAIN_S") or 0)
+    shutil.rmtree(live, ignore_errors=True)
+    for s in range(1, steps + 1):
+        rows = {"train/loss": 10 / s, "train/cpu_steal": 0.0}
+        if s % max(steps // 10, 1) == 0 or s == steps:
+            rows.update({"valid/loss": 12 / s, "valid/bleu": s / 10, "valid/chrf": 50 * s / steps})
+        for name, x in rows.items():
+            f = live / f"{name}.tsv"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            new = not f.exists()
+            with open(f, "a") as fh:
+                fh.write(f"step\t{name.split('/')[1]}\n" * new + f"{s}\t{x:.3f}\n")
+        dump("data/live/metrics.json", {"step": s, "train": {"loss": 10 / s, "seconds": s}})
+        time.sleep(pace / steps)
     print(f"toy train: trained {steps} steps", flush=True)
 elif stage == "evaluate":
     ckpts = sorted(str(p) for p in pathlib.Path("data/checkpoints").glob("step_*.pt"))
@@ -165,6 +177,21 @@ stages:
     cmd: python toy.py package
     deps: [data/checkpoints, data/tokenizer, data/metrics/evaluate.json, toy.py]
     outs: [data/package]
+plots:
+  - loss:
+      title: train and valid loss
+      x: step
+      y:
+        data/live/plots/metrics/train/loss.tsv: loss
+        data/live/plots/metrics/valid/loss.tsv: loss
+      y_label: loss
+  - quality:
+      title: valid BLEU and chrF
+      x: step
+      y:
+        data/live/plots/metrics/valid/bleu.tsv: bleu
+        data/live/plots/metrics/valid/chrf.tsv: chrf
+      y_label: score
 artifacts:
   transformer:
     path: data/package

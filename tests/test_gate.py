@@ -20,7 +20,7 @@ from helpers.continuing import PRESET, Champion
 from prefect_fixtures import BIN, artifact
 
 from flows import registry, results
-from flows.promote import gate
+from flows.promote import gate, report
 from flows.significance import Rules, paired_bs
 from flows.workspace import WORKSPACE
 from transformer.core.sections.retrain_flow import RetrainFlowConfig
@@ -54,6 +54,21 @@ def test_the_p_value_is_sacrebleus_cli_on_the_same_files(tmp_path: Path, shared_
     assert 0.05 < ours["p"] < 1  # a p that says something: not the floor 1/301, not 1
     assert round(ours["bleu"], 1) == (float(re.findall(r"cand.txt │\s+([0-9.]+)", out.stdout)[0]))
     assert (ours["resamples"], ours["seed"], ours["sentences"]) == (300, 7, 200)
+    # the bootstrap's mean and 95% confidence interval, as the CLI prints them
+    for name, who in (("cand.txt", ""), ("champion.txt", "champion_")):
+        mean, ci = re.findall(rf"{name} │\s+[0-9.]+ \(([0-9.]+) ± ([0-9.]+)\)", out.stdout)[0]
+        assert (round(ours[who + "bleu_mean"], 1), round(ours[who + "bleu_ci"], 1)) == (
+            float(mean),
+            float(ci),
+        )
+    # and the decision shows them in the gate's row, with no `None` for what it lacks
+    shown = report(
+        {"promoted": False, "reason": "r", "champion_before": None, "candidate": None,
+         "gate": {"rules": {}, "tests": [{**ours, "set": "test"}]}},
+        "Promote x",
+    )  # fmt: skip
+    assert f"| {ours['bleu']:.2f} ({ours['bleu_mean']:.2f} ± {ours['bleu_ci']:.2f}) |" in shown
+    assert "None" not in shown and "| champion before | no champion yet |" in shown
 
 
 def test_the_gate_imports_no_torch():
@@ -188,7 +203,9 @@ def test_noise_is_refused_with_its_p(prefect_server: dict, continuing_champion: 
     assert test["bleu"] == noise["candidate"]["bleu"]  # the gate's BLEU is the evaluate stage's
     assert test["champion_bleu"] == first["candidate"]["bleu"]
     decision = artifact(noise_run, "retrain-decision")
-    assert f"| test | 20 | {test['bleu']:.2f} | {test['champion_bleu']:.2f} |" in decision
+    both = (f"{test[w + 'bleu']:.2f} ({test[w + 'bleu_mean']:.2f} ± {test[w + 'bleu_ci']:.2f})"
+            for w in ("", "champion_"))  # fmt: skip
+    assert f"| test | 20 | {' | '.join(both)} |" in decision and "None" not in decision
 
     # every figure in the decision's tag and in `make results`
     tags = registry.decision_tags(project)

@@ -12,7 +12,7 @@ import yaml
 from flows.lineage import params_hash
 from transformer import decode, package
 from transformer.core.card import NOT_RECIPE, recipe
-from transformer.core.layout import NOT_PACKAGED, PARAMS
+from transformer.core.layout import CURVES, NOT_PACKAGED, PARAMS
 from transformer.package import PackageError
 
 
@@ -103,3 +103,22 @@ def test_the_retrain_section_is_left_out_of_the_package_the_recipe_hash_and_the_
     assert set(NOT_RECIPE) == {*NOT_PACKAGED, "package"}
     _, over = recipe(params)
     assert not [k for k in over if k.split(".")[0] in NOT_RECIPE]
+
+
+def test_the_card_shows_the_training_curves_from_the_package(scored, tmp_path):
+    """--plots: the run's dvclive curves drawn into curves.svg, which the card (and the
+    Hugging Face form's copy of it) links; without it, no picture and no link."""
+    from tests.test_curves import line_points, write_live
+
+    d = scored
+    plots = write_live(tmp_path / "live" / "plots" / "metrics", steps=30)
+    args = [str(d / "avg.pt"), str(d / "tokenizer"), str(d / "ev.json")]
+    package.main([*args, str(tmp_path / "pkg"), "--params", str(d / "params.yaml")])
+    assert not (tmp_path / "pkg" / CURVES).exists()
+    assert CURVES not in (tmp_path / "pkg" / "README.md").read_text()
+    pkg = tmp_path / "with"
+    package.main([*args, str(pkg), "--params", str(d / "params.yaml"), "--plots", str(plots)])
+    svg = (pkg / CURVES).read_text()
+    assert 30 in line_points(svg, "train/loss.tsv")
+    assert f"]({CURVES})" in (pkg / "README.md").read_text()
+    assert (pkg / "hf" / CURVES).read_bytes() == (pkg / CURVES).read_bytes()

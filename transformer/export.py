@@ -30,7 +30,7 @@ from torch import Tensor
 
 from transformer.core.files import atomic_dir
 from transformer.core.ids import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
-from transformer.core.layout import CARD, LINEAGE, MODEL, PARAMS, TOKENIZER
+from transformer.core.layout import CARD, CURVES, LINEAGE, MODEL, PARAMS, TOKENIZER
 from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.shard import ShardConfig
 from transformer.core.settings import ConfigError, build, parse_yaml
@@ -258,8 +258,9 @@ def write_hf(pkg: Path, out: Path) -> None:
     path = Path(out) / "tokenizer_config.json"
     tok_cfg = json.loads(path.read_text(encoding="utf-8"))
     path.write_text(json.dumps({**tok_cfg, "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2))
-    if (Path(pkg) / CARD).is_file():
-        shutil.copyfile(Path(pkg) / CARD, out / CARD)
+    for name in (CARD, CURVES):  # the card and the picture it shows
+        if (Path(pkg) / name).is_file():
+            shutil.copyfile(Path(pkg) / name, out / name)
 
 
 def write_ctranslate2(pkg: Path, out: Path, quantization: str = "float32") -> None:

@@ -5,8 +5,8 @@
 The folder is dvc.yaml's artifact (what `dvc artifacts get` fetches and a promotion tags) and
 what `transformer-translate --model DIR` reads: model.pt, tokenizer/, lineage.json (the
 evaluate stage's scores, signatures and hashes), params.yaml (the settings it was trained and
-decoded with), eval/ (the hypotheses behind the scores, which the promotion gate tests the next
-candidate against) and README.md (the model card, transformer/core/card.py); with params `package`, also
+decoded with), curves.svg (the training curves, with --plots), eval/ (the hypotheses behind
+the scores, which the promotion gate tests the next candidate against) and README.md (the model card, transformer/core/card.py); with params `package`, also
 hf/ (Hugging Face's MarianMTModel) and ctranslate2/ (transformer/export.py, docs/export.md).
 The model and tokenizer are checked to belong together and to the scores.
 Files are hard-linked where the file system allows (no second copy on disk), else copied.
@@ -26,12 +26,13 @@ from typing import Any
 import yaml
 
 from transformer import export
-from transformer.core import failure, presets, settings
+from transformer.core import curves, failure, presets, settings
 from transformer.core.card import model_card
 from transformer.core.files import atomic_dir, sha256_file
 from transformer.core.layout import (
     CARD,
     CT2,
+    CURVES,
     EVAL,
     HF,
     LINEAGE,
@@ -60,12 +61,14 @@ def package(
     parent: Path | None = None,
     manifest: Path | None = None,
     eval_dir: Path | None = None,
+    plots_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
     the version a continued run started from and its ancestors, where given). `manifest`: the
     download stage's, for the model card's data section. `eval_dir`: the evaluate stage's
     folder, whose hypotheses the scores name are kept in EVAL (the promotion gate tests the
-    next candidate against them)."""
+    next candidate against them). `plots_dir`: the train stage's dvclive plots, drawn into
+    CURVES, which the card shows."""
     cfg = build(PackageConfig, params.get("package") or {}, "package", "params.yaml")
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
@@ -107,7 +110,10 @@ def package(
         (tmp / PARAMS).write_text(yaml.safe_dump(kept, sort_keys=False))
         data = _read_json(manifest) if manifest is not None else None
         trained = {k: ckpt.get(k) for k in ("step", "train_seconds")}
-        card = model_card(scores, kept, data, trained, revision())
+        svg = curves.card_svg(plots_dir) if plots_dir is not None else None
+        if svg is not None:
+            (tmp / CURVES).write_text(svg, encoding="utf-8")
+        card = model_card(scores, kept, data, trained, revision(), curves=svg is not None)
         (tmp / CARD).write_text(card, encoding="utf-8")
         try:
             if cfg.hf:
@@ -176,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--eval", type=Path, help="the evaluate stage's folder (its hypotheses into eval/)"
     )
+    parser.add_argument(
+        "--plots", type=Path, help="the train stage's dvclive plots (drawn into curves.svg)"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
@@ -190,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             args.parent,
             args.manifest,
             args.eval,
+            args.plots,
         )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from transformer.core import presets
-from transformer.core.layout import NOT_PACKAGED
+from transformer.core.layout import CURVES, NOT_PACKAGED
 
 LICENSE = "mit"  # the code's (pyproject.toml); the data's own terms are the user's to check
 # the recipe compared with the presets: what trained the model, not how it is retrained
@@ -119,9 +119,11 @@ def model_card(
     manifest: dict[str, Any] | None,
     trained: dict[str, Any],
     revision: str,
+    curves: bool = False,
 ) -> str:
     """README.md's text. `lineage`: the package's lineage.json; `trained`: the checkpoint's
-    step and train_seconds; `revision`: the code's git commit."""
+    step and train_seconds; `revision`: the code's git commit; `curves`: the package holds
+    CURVES, the training curves, which the card shows."""
     dl, model, train = (params.get(k) or {} for k in ("download", "model", "train"))
     runs = _scores(lineage)
     preset, over = recipe(params)
@@ -152,6 +154,7 @@ def model_card(
             for r in runs
         ),
         "",
+        *_curves(curves),
         "## Data",
         "",
         *_data(manifest, dl),
@@ -195,6 +198,24 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _curves(shown: bool) -> list[str]:
+    """The card's training curves section: the picture, a relative link (Hugging Face shows it
+    from the model's repository, as any Markdown viewer does from the folder)."""
+    if not shown:
+        return []
+    return [
+        "## Training curves",
+        "",
+        f"![train and valid loss, valid BLEU and chrF against the update step]({CURVES})",
+        "",
+        (
+            "Drawn from the run's dvclive metrics by the same definitions as `dvc plots show` "
+            "(dvc.yaml's `plots`)."
+        ),
+        "",
+    ]
 
 
 def _code(text: Any) -> str:

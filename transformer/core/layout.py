@@ -7,6 +7,7 @@ TOKENIZER = "tokenizer"  # the tokenizer folder (tokenizer.json + meta.json)
 LINEAGE = "lineage.json"  # the evaluate metrics, the parent's and the training's record
 PARAMS = "params.yaml"  # the recipe it was trained with (less NOT_PACKAGED)
 CARD = "README.md"  # the model card (Hugging Face's front matter), also in each export
+CURVES = "curves.svg"  # the training curves the card shows (transformer/core/curves.py)
 EVAL = "eval"  # the scored sets' hypotheses: what the promotion gate's bootstrap reads
 HF, CT2 = "hf", "ctranslate2"  # the exports' folders (package.hf, package.ctranslate2)
 
