@@ -27,6 +27,7 @@ from prefect.tasks import exponential_backoff
 from flows import lineage, progress, workspace
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
+from flows.locks import workspace_lock
 from flows.shell import (
     TRANSIENT,
     CommandError,
@@ -35,7 +36,6 @@ from flows.shell import (
     logger,
     stop_all,
     watch_parent,
-    workspace_lock,
 )
 
 MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes

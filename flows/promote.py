@@ -34,7 +34,8 @@ from prefect.runtime import flow_run
 
 from flows import lines, registry, significance
 from flows.lineage import Unreadable
-from flows.shell import logger, read_section, registry_lock
+from flows.locks import registry_lock
+from flows.shell import logger, read_section
 from flows.significance import Rules
 from flows.workspace import WorkspaceError, git
 from transformer.core.settings import ConfigError

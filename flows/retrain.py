@@ -36,9 +36,10 @@ from prefect.runtime import flow_run
 
 from flows import lineage, lines, registry
 from flows.dag import Stage, read_dag
+from flows.locks import workspace_lock
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report, summary
-from flows.shell import apply_params, logger, read_section, run, workspace_lock
+from flows.shell import apply_params, logger, read_section, run
 from flows.significance import Rules
 from transformer.core.layout import TOKENIZER
 from transformer.core.sections.model import WEIGHT_KEYS

@@ -10,7 +10,7 @@ project's own git repository, so `dvc exp show` in the checkout lists them.
 Why not `dvc exp run --temp` / `--queue`: each makes a new temporary copy per run, so a retry
 after a crash would start training afresh; and DVC's temp runs have known lock problems when
 they overlap (treeverse/dvc#5718, #8628, #10673). Runs of one workspace are serialised anyway
-(`shell.workspace_lock`), so one workspace per line suffices; two lines' runs share only the DVC
+(`locks.workspace_lock`), so one workspace per line suffices; two lines' runs share only the DVC
 cache (content-addressed, written atomically) and the git repository's refs.
 """
 
