@@ -167,7 +167,9 @@ def test_parent_stage_names_what_is_missing(tmp_path, champion):
 def test_a_kept_tokenizer_must_match_the_recipe(champion, tmp_path):
     raw, pkg = champion
     cont = {"mode": "continue", "parent": "v1.0.0"}
-    other = params(tmp_path / "p.yaml", retrain=cont, download={"tgt_lang": "fr"})
+    # the hf source: a pair the synthetic one cannot make is refused before the tokenizer looks
+    fr = {"source": "hf", "tgt_lang": "fr"}
+    other = params(tmp_path / "p.yaml", retrain=cont, download=fr)
     tok = ("transformer.tokenizer", raw, tmp_path / "tok", "--parent", pkg, "--params", other)
     code, _, err = forked.run(*tok)
     assert code == 1 and "tgt_lang is 'de', expected 'fr'" in err

@@ -198,12 +198,13 @@ def test_dag_is_dvcs_own(toy: Path) -> None:
     with open(toy / "dvc.yaml") as f:
         text = f.read()
     (toy / "dvc.yaml").write_text(
-        text.replace(
-            "artifacts:",
+        text.replace(  # the last entry of `stages:`, which the top-level `plots:` follows
+            "\nplots:\n",
             (
-                "  report:\n    cmd: cp data/stats.json data/report.json\n"
-                "    deps: [data/stats.json]\n    outs: [data/report.json]\nartifacts:"
+                "\n  report:\n    cmd: cp data/stats.json data/report.json\n"
+                "    deps: [data/stats.json]\n    outs: [data/report.json]\nplots:\n"
             ),
+            1,
         )
     )
     assert read_dag(toy)["report"].upstream == ("stats",)

@@ -120,7 +120,8 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
     sh(*DVC, "exp", "pull", "origin", "--all-commits", "--no-cache", cwd=other)
     r = run([sys.executable, "-m", "flows.results", "--wide"], other, env)
     row = next(line for line in r.stdout.splitlines() if name in line)
-    assert row.split()[:8] == ["*", name, "v1.0.0", "-", "demo", "60.00", "600", "-"], row
+    # the toy train stage records a second a step: 600 steps, 0:10:00
+    assert row.split()[:8] == ["*", name, "v1.0.0", "-", "demo", "60.00", "600", "0:10:00"], row
     assert "promoted as v1.0.0: no champion yet; refused:" in row, row
     print(r.stdout)  # the doc's example
 
