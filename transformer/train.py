@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer.core import allocator, dist, failure, settings
+from transformer.core import allocator, dist, failure, hardware, settings
 from transformer.core.files import sha256_file
 from transformer.core.layout import MODEL
 from transformer.core.sections.model import ModelConfig
@@ -247,7 +247,7 @@ def train(
         logged = {}
         if logging:
             logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
-            logged.update(rewinder.metrics())
+            logged.update(rewinder.metrics() | learner.metrics())
         if validating:
             with on_ema():  # the EMA's scores when it is on
                 v = validate(model, valid_set, tcfg, device, learner.autocast)
@@ -263,6 +263,7 @@ def train(
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
                 ckpt.update(run=run, origin=origin, rewind=rewinder.state_dict())
+                ckpt[hardware.KEY] = learner.trained_on()  # where and how, to the package
                 ckpt[STATE] = select.state_dict()
                 ema.add_to(ckpt, ema_avg)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last, select.best_steps())
@@ -286,7 +287,7 @@ def train(
     # why it stopped, the best (a preempted run has not stopped: it resumes)
     outcome = {} if notice.stopped else select.summary(step, tcfg.max_steps, seconds)
     if report.live is not None:
-        report.live.summary.update(outcome)
+        report.live.summary.update({**outcome, hardware.KEY: learner.trained_on()})
     report.close()
     return {
         "step": step,

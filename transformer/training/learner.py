@@ -12,11 +12,12 @@ compiled with torch.compile(fullgraph=True).
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from transformer.core import dist
+from transformer.core import dist, hardware
 from transformer.core.ids import PAD_ID
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.train import TrainConfig
@@ -88,6 +89,7 @@ class Learner:
         compile_dynamic: bool = True,
     ):
         self.cfg, self.device, self.static = tcfg, device, static
+        self.precision, self.compiled = precision, compile
         self.model = Transformer(mcfg, vocab, ids).to(device)
         # fused Adam reads a tensor rate: fp64 on a CPU (read as the double a Python rate is,
         # so the update is today's exactly), fp32 on CUDA (its kernel's type)
@@ -131,6 +133,31 @@ class Learner:
         dist.print0(
             f"training in {precision} on {device}: {update_text(graphs, static)}"
             + (", compiled loss" if compile else "")
+        )
+
+    def path(self) -> dict[str, Any]:
+        """The update path actually used: eager, captured, compiled or captured+compiled, and
+        how many batch shapes fell back to eager (their capture or replay failed)."""
+        used = (("captured", self.graphs is not None), ("compiled", self.compiled))
+        return {
+            "update": "+".join(name for name, on in used if on) or "eager",
+            "eager_shapes": len(self.graphs.eager) if self.graphs is not None else 0,
+        }
+
+    def metrics(self) -> dict[str, int]:
+        """The log point's train/eager_shapes (with the captured update only)."""
+        return {} if self.graphs is None else {"train/eager_shapes": len(self.graphs.eager)}
+
+    def trained_on(self) -> dict[str, Any]:
+        """Where and how this run trains (core/hardware.py): its checkpoints' and metrics'."""
+        cuda = self.device.type == "cuda"
+        return hardware.record(
+            self.device.type,
+            torch.cuda.get_device_name(self.device) if cuda else None,
+            self.precision,
+            dist.world_size(),
+            **self.path(),
+            torch_version=str(torch.__version__),  # (a TorchVersion: not weights_only-loadable)
         )
 
     def autocast(self) -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights fp32
