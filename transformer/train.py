@@ -199,11 +199,12 @@ def train(
         group=tcfg.update_freq,
     )
     batching = {f"train/{k}": x for k, x in sampler.stats.items()}
-    step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
+    step, seconds = restore(ckpt, ckpt_path, learner, sampler) if ckpt else (0, 0.0)
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
     ema_avg = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
-    on_ema = ema_avg.swapped if ema_avg else contextlib.nullcontext  # what validation scores
+    # what validation scores: the EMA's weights when it is on (in and out by learner.load_state)
+    on_ema = (lambda: ema_avg.swapped(learner.load_state)) if ema_avg else contextlib.nullcontext
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     select = Selection(tcfg, bleu=valid_text is not None)  # best checkpoints, early stopping
     select.load_state_dict(ckpt.get(STATE) if ckpt else None)

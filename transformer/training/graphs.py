@@ -100,6 +100,13 @@ class Graphs:
         except RuntimeError as e:
             raise ReplayFailed(key, e) from e
 
+    def invalidate(self) -> None:
+        """Every graph dropped (a restore replaced tensors they read: Learner.load_state), with
+        its pool; each shape is captured afresh after its warm-ups. Shapes in `eager` stay so."""
+        self.graphs.clear()
+        self.seen.clear()
+        self.stream, self.pool = self.side_stream_and_pool()
+
     def side_stream_and_pool(self):
         """The stream of warm-ups and captures, and the graphs' shared memory pool."""
         return torch.cuda.Stream(self.device), torch.cuda.graph_pool_handle()

@@ -22,7 +22,9 @@ from transformer.core.ids import PAD_ID
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.train import TrainConfig
 from transformer.data.batches import Batch, boundaries
+from transformer.model import checkpoint
 from transformer.model.network import Transformer
+from transformer.training.resume import load_optimizer
 
 
 class WithLoss(nn.Module):
@@ -134,6 +136,25 @@ class Learner:
             f"training in {precision} on {device}: {update_text(graphs, static)}"
             + (", compiled loss" if compile else "")
         )
+
+    def load_state(self, state: dict[str, Any], path: Any = "<checkpoint>") -> None:
+        """Restore what `state` holds, the one way state enters a Learner (resume, rewind, the
+        EMA swap): "model", the weights, copied into the parameters in place (they keep the
+        addresses a captured update reads; checked against the model where `state` is a whole
+        checkpoint); "optimizer" (Adam: new state tensors) and "scaler". Graphs that read
+        tensors a restore replaced are dropped, to be captured afresh (the shapes that fell back
+        to eager stay eager)."""
+        if "model" in state:
+            if "model_config" in state:  # a checkpoint: its architecture and values checked
+                checkpoint.load_weights(self.model, state, path)
+            else:
+                self.model.load_state_dict(state["model"])  # copy_ into each parameter
+        if "optimizer" in state:
+            load_optimizer(self.opt, state["optimizer"])
+        if self.scaler.is_enabled() and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.graphs is not None and ("optimizer" in state or "scaler" in state):
+            self.graphs.invalidate()  # Adam's state is new tensors: captured afresh
 
     def path(self) -> dict[str, Any]:
         """The update path actually used: eager, captured, compiled or captured+compiled, and
