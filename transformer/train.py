@@ -44,7 +44,7 @@ from transformer.model import checkpoint
 from transformer.model.checkpoint import CheckpointError
 from transformer.model.precision import resolve_precision
 from transformer.model.translator import DecodeError
-from transformer.training import ema, preempt
+from transformer.training import ema, graphs, preempt
 from transformer.training.clock import Clock
 from transformer.training.continuation import (
     Continuation,
@@ -168,11 +168,15 @@ def train(
         "continued": dataclasses.asdict(continued) if continued else None,  # its rate schedule
     }
 
+    ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     path = update_path(tcfg, device, precision)
+    eager = graphs.failed_before(ckpt_dir) if path["graphs"] else set()  # a failed replay's
+    path["graphs"] &= eager is not None  # (None: every shape)
     learner = Learner(mcfg, tcfg, vocab, ids, device, precision, **path)
+    if learner.graphs is not None:
+        learner.graphs.eager |= eager
     model, opt, scaler = learner.model, learner.opt, learner.scaler
-    ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     if ckpt is None and parent is not None:  # a fresh continuation: the parent's weights
         init, init_path = load_parent(parent, sha)
         checkpoint.load_weights(model, init, init_path)
@@ -369,6 +373,10 @@ def main(argv: list[str] | None = None) -> None:
         OSError,
     ) as e:
         sys.exit(f"error: {e}")
+    except graphs.ReplayFailed as e:  # nothing saved: the CUDA context may be unusable
+        eager = graphs.record_failure(args.ckpt_dir, e.key)
+        dist.print0(f"{e}\nexiting {graphs.REPLAY_FAILED}: the resumed run runs {eager} eagerly")
+        sys.exit(graphs.REPLAY_FAILED)
     except KeyboardInterrupt:
         last = checkpoint.list_checkpoints(args.ckpt_dir)
         where = f"--resume continues from {last[-1]}" if last else "no checkpoint yet"
