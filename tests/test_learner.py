@@ -212,3 +212,33 @@ def test_load_state_restores_in_place_and_drops_the_graphs_that_read_replaced_te
     assert [kind for kind, _ in g.calls].count("capture") == len(g.graphs) > 2
     for (name, a), b in zip(eager.model.named_parameters(), captured.model.parameters()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_compile_that_cannot_build_runs_the_loss_eagerly_with_the_same_result(capsys):
+    """train.compile when inductor cannot build (a backend that raises, through torch.compile's
+    own backend seam): the update runs eagerly from the first micro-batch on, logged once,
+    recorded as the path used, and the weights are the eager learner's."""
+    import torch._dynamo
+
+    def cannot_build(gm, example_inputs):
+        raise RuntimeError("C++ compile error: cannot find cl.exe")
+
+    torch._dynamo.reset()
+    eager = cpu_learner(False)
+    torch.manual_seed(0)
+    compiled = Learner(
+        ModelConfig(**MODEL), TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True,
+        compile=True, compile_backend=cannot_build,
+    )  # fmt: skip
+    assert compiled.path()["update"] == "compiled"
+    for k, b in enumerate(static_batches(12) * 2):
+        for le in (eager, compiled):
+            le.step([b], float(n_targets(b)), 1e-3 * (1 + k % 3))
+    for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    out = capsys.readouterr().out
+    assert out.count("train.compile: compiling the loss failed") == 1 and "cl.exe" in out
+    assert "train.compile: false" in out and compiled.path() == {
+        "update": "eager",
+        "eager_shapes": 0,
+    }

@@ -209,6 +209,23 @@ class Learner:
             counts = None if self.static else [n_targets(b) for b in batches]
             self.update([to_device(b, self.device) for b in batches], counts)
 
+    def loss(self, b: Batch, n: int | None) -> tuple[Tensor, Tensor]:
+        """The micro-batch's (loss, nll). A compile that fails (inductor cannot build: dynamo
+        raises before the loss runs, nothing computed) makes the loss eager from then on, logged
+        once, and the micro-batch runs eagerly: the run goes on (train.compile is resume-free)."""
+        try:
+            return self.forward(*b, self.cfg.label_smoothing, n, self.static)
+        except torch._dynamo.exc.TorchDynamoException as e:  # (inductor's errors too)
+            if self.forward is self.ddp:
+                raise
+            self.forward, self.compiled = self.ddp, False
+            dist.print0(
+                f"train.compile: compiling the loss failed ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:300]}); it runs eagerly from now on "
+                "(`train.compile: false` in params.yaml says so from the start)"
+            )
+            return self.forward(*b, self.cfg.label_smoothing, n, self.static)
+
     def update(self, batches: list[Batch], counts: list[int] | None) -> None:
         """The update on device batches: what graphs.py captures. counts: each batch's non-pad
         targets (None with static shapes, whose loss projects every position)."""
@@ -219,8 +236,7 @@ class Learner:
             sync = contextlib.nullcontext() if last or not dist.is_dist() else self.ddp.no_sync()
             with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
                 with self.autocast():
-                    n = None if counts is None else counts[i]
-                    loss, nll = self.forward(*b, self.cfg.label_smoothing, n, self.static)
+                    loss, nll = self.loss(b, None if counts is None else counts[i])
                 self.scaler.scale(loss * self.scale).backward()
             self.sums += torch.stack([loss.detach(), nll.detach()]).double()
         if self.cfg.clip_norm > 0:
