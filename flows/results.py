@@ -4,6 +4,7 @@ failed before they saved an experiment.
 
     python -m flows.results [PROJECT]            # or: make results; fits 120 columns
     python -m flows.results [PROJECT] --wide     # with the recipe, the parent, how it trained
+                                                 # (the update path: eager, captured, compiled)
     python -m flows.results [PROJECT] --line NAME  # one line's runs (flows/lines.py)
 
 A project of several lines gets one table per line, each marking its own champion: a run's line
@@ -175,6 +176,7 @@ def rows(project: Path, line: str | None = None, failed: bool = True) -> list[li
                 seconds,
                 ds,
                 began,
+                update_used(trained),
             )
         )
     for commit, ds in decided.items():  # decisions on experiments this clone does not have
@@ -235,8 +237,18 @@ def own_time(trained: dict[str, Any], name: str) -> tuple[Any, str | None]:
     return seconds, began
 
 
-def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds, began=None):
-    """A table row, WIDE's columns, "-" where unknown."""
+def update_used(trained: dict[str, Any]) -> str | None:
+    """The update path the run's train stage actually used (its `trained_on` record), with the
+    batch shapes that fell back to eager; None where not recorded."""
+    update = trained.get("trained_on/update")
+    if not update:
+        return None
+    shapes = trained.get("trained_on/eager_shapes") or 0
+    return f"{update} update" + (f", {shapes} shape(s) fell back to eager" if shapes else "")
+
+
+def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds, began=None, how=None):
+    """A table row, WIDE's columns, "-" where unknown; `how`: the update path used."""
     cells = [
         "*" if champion else "",
         name,
@@ -247,7 +259,7 @@ def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds, bega
         steps,
         duration(seconds),
         "; ".join([*([began] if began else []), *(d["verdict"] for d in ds)]),
-        "; ".join(d["trained"] for d in ds if d.get("trained")),
+        "; ".join([*([how] if how else []), *(d["trained"] for d in ds if d.get("trained"))]),
     ]
     return ["-" if c is None else str(c) for c in cells]
 

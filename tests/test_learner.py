@@ -4,6 +4,7 @@ one tests/test_cuda.py looks for), and a resumed Adam that steps as this run bui
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 from collections import Counter
@@ -171,3 +172,73 @@ def test_a_failed_replay_ends_the_update_naming_the_shape_and_the_switch():
     b = next(b for b in batches if b.src.shape == inputs[0].src.shape)
     with pytest.raises(graphs.ReplayFailed, match=r"replay of batch shape .* illegal memory"):
         le.step([b], float(n_targets(b)), 1e-3)
+
+
+def test_load_state_restores_in_place_and_drops_the_graphs_that_read_replaced_tensors():
+    """Learner.load_state, the one way state enters a learner: the weights alone (the EMA swap)
+    are copied into the same parameters and every graph is kept; Adam's state (resume, rewind)
+    drops the graphs, which are captured afresh after their warm-ups; a shape that fell back
+    stays eager. Restored, the captured learner goes on exactly as an eager one restored alike."""
+    batches = static_batches(40) * 3
+    captured = cpu_learner(True)
+    for b in batches:
+        captured.step([b], float(n_targets(b)), 1e-3)
+    g = captured.graphs
+    g.eager.add(("a shape that fell back",))
+    state = {
+        "model": {k: v.clone() for k, v in captured.model.state_dict().items()},
+        "optimizer": captured.opt.state_dict(),
+    }
+    state = copy.deepcopy(state)  # a checkpoint's: Adam's load_state_dict keeps its tensors
+    addresses = [p.data_ptr() for p in captured.model.parameters()]
+    n_graphs = len(g.graphs)
+    with torch.no_grad():
+        for p in captured.model.parameters():
+            p.add_(1.0)
+    captured.load_state({"model": state["model"]})  # weights only: in place, graphs kept
+    assert len(g.graphs) == n_graphs and [p.data_ptr() for p in captured.model.parameters()] == (
+        addresses
+    )
+    assert all(torch.equal(p, state["model"][k]) for k, p in captured.model.named_parameters())
+    captured.load_state(copy.deepcopy(state))  # with Adam's: every graph dropped, recaptured
+    assert g.graphs == {} and g.seen == {} and g.eager == {("a shape that fell back",)}
+    assert [p.data_ptr() for p in captured.model.parameters()] == addresses
+    eager = cpu_learner(False)
+    eager.load_state(state)
+    g.calls.clear()
+    for k, b in enumerate(batches):
+        for le in (eager, captured):
+            le.step([b], float(n_targets(b)), 1e-3 * (1 + k % 3))
+    assert [kind for kind, _ in g.calls].count("capture") == len(g.graphs) > 2
+    for (name, a), b in zip(eager.model.named_parameters(), captured.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_compile_that_cannot_build_runs_the_loss_eagerly_with_the_same_result(capsys):
+    """train.compile when inductor cannot build (a backend that raises, through torch.compile's
+    own backend seam): the update runs eagerly from the first micro-batch on, logged once,
+    recorded as the path used, and the weights are the eager learner's."""
+    import torch._dynamo
+
+    def cannot_build(gm, example_inputs):
+        raise RuntimeError("C++ compile error: cannot find cl.exe")
+
+    torch._dynamo.reset()
+    eager = cpu_learner(False)
+    torch.manual_seed(0)
+    compiled = Learner(
+        ModelConfig(**MODEL), TrainConfig(), V, None, torch.device("cpu"), "fp32", static=True,
+        compile=True, compile_backend=cannot_build,
+    )  # fmt: skip
+    assert compiled.path()["update"] == "compiled"
+    for k, b in enumerate(static_batches(12) * 2):
+        for le in (eager, compiled):
+            le.step([b], float(n_targets(b)), 1e-3 * (1 + k % 3))
+    for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    out = capsys.readouterr().out
+    assert out.count("train.compile: compiling the loss failed") == 1 and "cl.exe" in out
+    assert "train.compile: false" in out and compiled.path() == {
+        "update": "eager",
+        "eager_shapes": 0,
+    }

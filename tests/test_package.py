@@ -122,3 +122,53 @@ def test_the_card_shows_the_training_curves_from_the_package(scored, tmp_path):
     assert 30 in line_points(svg, "train/loss.tsv")
     assert f"]({CURVES})" in (pkg / "README.md").read_text()
     assert (pkg / "hf" / CURVES).read_bytes() == (pkg / CURVES).read_bytes()
+
+
+def test_the_package_records_where_and_how_the_model_was_trained(corpus, tmp_path):
+    """A real (tiny) train run records its device, precision, update path, process count and
+    torch version in its metrics and checkpoints; average carries them into model.pt, and the
+    package into lineage.json and the card's Hardware line."""
+    import torch
+    from helpers.train import run, write_params
+
+    from transformer import average, evaluate
+    from transformer.core import hardware
+
+    params = write_params(tmp_path / "params.yaml", max_steps=4)
+    extra = {"package": {"hf": False}, "decode": {"beam_size": 1, "max_len_b": 5}}
+    params.write_text(yaml.safe_dump({**yaml.safe_load(params.read_text()), **extra}))
+    p = ["--params", str(params)]
+    run(corpus, tmp_path / "ckpts", params, "--live", tmp_path / "live")
+    summary = json.loads((tmp_path / "live" / "metrics.json").read_text())
+    want = {
+        "device": hardware.cpu_name(),
+        "device_type": "cpu",
+        "precision": "fp32",
+        "processes": 1,
+        "update": "eager",
+        "eager_shapes": 0,
+        "torch": str(torch.__version__),
+    }
+    assert summary["trained_on"] == want
+    average.main([str(tmp_path / "ckpts"), str(tmp_path / "avg.pt"), *p])
+    ev = [str(tmp_path / "avg.pt"), str(corpus / "tok"), str(corpus / "raw"), str(tmp_path / "ev")]
+    evaluate.main([*ev, "--metrics", str(tmp_path / "ev.json"), "--no-progress", *p])
+    package.main([*ev[:2], str(tmp_path / "ev.json"), str(tmp_path / "pkg"), *p])
+    lineage = json.loads((tmp_path / "pkg" / "lineage.json").read_text())
+    assert lineage["trained_on"] == want
+    card = (tmp_path / "pkg" / "README.md").read_text(encoding="utf-8")
+    line = (
+        f"- Hardware: {want['device']} (cpu), 1 process, fp32, eager update, torch {want['torch']}"
+    )
+    assert line in card.splitlines()
+
+
+def test_the_hardware_line_names_the_shapes_that_fell_back_and_old_records():
+    from transformer.core import hardware
+
+    rec = hardware.record("cuda", "NVIDIA H200", "bf16", 1, "captured", 2, "2.7.1")
+    assert hardware.text(rec) == (
+        "NVIDIA H200 (cuda), 1 process, bf16, captured update "
+        "(2 batch shape(s) fell back to eager), torch 2.7.1"
+    )
+    assert hardware.text(None).startswith("not recorded")

@@ -186,3 +186,40 @@ def test_a_killed_rank_restarts_the_group_which_resumes_and_ends_bit_exact(
     resumed = [line for line in out.splitlines() if line.startswith("resuming from")]
     assert len(resumed) == 1 and "(step " in resumed[0], out
     assert_same_weights(uninterrupted(2), checkpoint.step_path(tmp_path / "lost", STEPS))
+
+
+def test_a_failed_replay_restarts_the_run_from_its_checkpoint_eagerly_with_the_same_weights(
+    corpus, tmp_path
+):
+    """A captured update (on the CPU through graphs.py's seam) whose replay raises: the train
+    stage exits 76 saving nothing, the launcher starts it afresh with --resume from its newest
+    checkpoint, that shape eager; a second failed replay, every shape eager. The run completes
+    with the weights of an uninterrupted eager run."""
+    from transformer.training import graphs
+
+    params = write_params(tmp_path / "params.yaml", max_steps=16, static_shapes="on")
+    args = [str(corpus / "shards"), str(corpus / "tok")]
+    rest = ["--params", str(params), "--no-progress", "--resume"]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+    }
+    launcher = [sys.executable, "-m", "transformer.launch", "--standalone", "--nproc_per_node=1"]
+    cmd = [*launcher, "-m", "helpers.captured_train", *args, str(tmp_path / "captured"), *rest]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert out.count("the replay of batch shape") == 2 and "illegal memory access" in out
+    assert f"exiting {graphs.REPLAY_FAILED}" in out and "train.graphs: off" in out
+    assert "restarting after the failed replay (1 of at most 2)" in out
+    assert "run eagerly, as their replay failed before" in out  # the first restart: one shape
+    assert "restarting after the failed replay (2 of at most 2)" in out
+    assert "eager update, as replays failed twice" in out  # the second: every shape
+    assert "resuming from" in out and "done: step 16" in out
+    eager = forked.start("transformer.train", *args, str(tmp_path / "eager"), *rest, merged=True)
+    code, text = finish(eager)
+    assert code == 0, text
+    a = checkpoint.load(checkpoint.step_path(tmp_path / "captured", 16))["model"]
+    b = checkpoint.load(checkpoint.step_path(tmp_path / "eager", 16))["model"]
+    assert all(torch.equal(a[k], b[k]) for k in b)

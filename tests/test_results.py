@@ -19,7 +19,9 @@ def dump(path, obj):
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(path).write_text(json.dumps(obj))
 if sys.argv[1] == "train":
-    dump("data/live/metrics.json", {"step": steps, "train": {"loss": 1.0, "seconds": 61.4 * steps}})
+    dump("data/live/metrics.json", {"step": steps, "train": {"loss": 1.0, "seconds": 61.4 * steps},
+                                    "trained_on": {"update": "captured",
+                                                   "eager_shapes": int(steps < 20)}})
     pathlib.Path("data/model.pt").write_text(str(steps))
 else:
     dump("data/metrics/evaluate.json", {"split": "test", "bleu": 1.5 * steps,
@@ -120,6 +122,9 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
         "refused:",
     ]
     assert "does not beat champion 90.00" in lines[2] and len(lines) == 3
+    # the update path each run's train stage used (its trained_on record), shapes that fell back
+    assert lines[1].rstrip().endswith("captured update")
+    assert lines[2].rstrip().endswith("captured update, 1 shape(s) fell back to eager")
     # git alone tells the decisions: annotated tags on the experiments' commits, each naming
     # its candidate on its first line
     tags = sh("git", "tag", "-n1", "--list", "decision/*", cwd=demo).splitlines()
@@ -135,3 +140,10 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
     # the CLI prints the same table
     out = sh(sys.executable, "-m", "flows.results", str(demo), cwd=tmp_path)
     assert out.splitlines() == lines
+
+
+def test_the_update_path_used_in_words():
+    assert results.update_used({}) is None  # not recorded (a run before the record)
+    assert results.update_used({"trained_on/update": "eager"}) == "eager update"
+    used = {"trained_on/update": "captured", "trained_on/eager_shapes": 2}
+    assert results.update_used(used) == "captured update, 2 shape(s) fell back to eager"

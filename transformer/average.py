@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from transformer.core import failure, settings
+from transformer.core import failure, hardware, settings
 from transformer.core.files import atomic_write, sha256_file
 from transformer.core.sections.average import AverageConfig
 from transformer.core.settings import ConfigError
@@ -29,6 +29,8 @@ from transformer.training import ema
 STEP_RE = re.compile(r"step_(\d+)\.pt$")
 # what must agree between checkpoints for their weights to be averaged
 SIGNATURE_KEYS = ("model_config", "vocab_size", "tokenizer_sha256")
+# the newest checkpoint's, into model.pt: its step and time, where and how it trained (the card's)
+CARRIED = ("step", "train_seconds", hardware.KEY)
 
 
 class AverageError(ValueError):
@@ -98,9 +100,7 @@ def average_checkpoints(paths: list[Path], weights: str = "model") -> dict:
                 acc[k] = v.float().clone()  # clone: never write into the mmap'd file
         if ckpt["step"] > newest["step"]:
             # the newest (by step, whatever the order given) names the average's step and time
-            newest = {
-                k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, "step", "train_seconds")
-            }
+            newest = {k: v for k, v in ckpt.items() if k in (*SIGNATURE_KEYS, *CARRIED)}
         averaged.append(
             {
                 "path": p.name,

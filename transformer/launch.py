@@ -8,7 +8,11 @@ Its arguments are torchrun's, and torchrun's agent runs in this process. What it
   notice: every rank gets it, finishes its update, saves it, and this process exits
   preempt.PREEMPTED (75), where torchrun alone would exit 1, or restart the group;
 - a group whose every failed rank exited 75 exits 75 too;
-- SIGINT (Ctrl-C) exits 130 as a lone process does.
+- SIGINT (Ctrl-C) exits 130 as a lone process does;
+- a rank that exits graphs.REPLAY_FAILED (76: a captured update's replay failed, and the CUDA
+  context may be unusable) is started afresh, in a new interpreter, when the training module's
+  arguments hold --resume: it resumes from the newest checkpoint, running that batch shape (after
+  a second failure, every shape) eagerly (graphs.py). At most MAX_REPLAY_RESTARTS times.
 A rank that dies otherwise (killed, out of memory) restarts the group up to --max-restarts times;
 each restart resumes from the newest checkpoint (the stage's --resume). torchrun waits
 --shutdown-timeout seconds (30) for the ranks to save before it kills them.
@@ -31,11 +35,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser
 from torch.distributed.run import main as torchrun
 
+from transformer.training.graphs import REPLAY_FAILED
 from transformer.training.preempt import LAUNCHER, PASS_ON, PREEMPTED, SIGNALS
 
 # torchrun's own handling (stop the ranks, exit) for the rest; the notice's signals are ours
 TORCHRUN_SIGNALS = "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT"
 _notified: list[int] = []
+MAX_REPLAY_RESTARTS = 2  # a shape, then every shape: after that no replay is left to fail
+RESTARTS = "TRANSFORMER_REPLAY_RESTARTS"  # how many this run has had (in the new process's env)
 
 
 def _on_notice(signum: int, frame) -> None:
@@ -68,10 +75,32 @@ def run_alone(argv: list[str]) -> None:
         runpy.run_path(args.training_script, run_name="__main__")
 
 
+def restart_after_replay_failure(argv: list[str]) -> None:
+    """This launcher again, in a fresh interpreter (a fresh CUDA context), when the training
+    module resumes (--resume) and restarts are left; else nothing (the caller exits 76)."""
+    args = get_args_parser().parse_args(argv)
+    done = int(os.environ.get(RESTARTS, "0"))
+    if "--resume" not in args.training_script_args or done >= MAX_REPLAY_RESTARTS:
+        print(f"not restarting after the failed replay (--resume not given, or {done} restarts)")
+        return
+    print(f"restarting after the failed replay ({done + 1} of at most {MAX_REPLAY_RESTARTS})")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.environ[RESTARTS] = str(done + 1)
+    # sys.orig_argv: this interpreter's own command line (`python -m transformer.launch ...`)
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def main(argv: list[str] | None = None) -> None:
+    own = argv is None  # this interpreter's command line: one to start afresh
     argv = sys.argv[1:] if argv is None else argv
     if alone(argv):
-        run_alone(argv)
+        try:
+            run_alone(argv)
+        except SystemExit as e:
+            if e.code == REPLAY_FAILED and own:
+                restart_after_replay_failure(argv)
+            raise
         return
     for s in (*SIGNALS, PASS_ON):
         signal.signal(s, _on_notice)
@@ -90,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     except ChildFailedError as e:
         if _notified or all(f.exitcode == PREEMPTED for f in e.failures.values()):
             sys.exit(PREEMPTED)
+        if all(f.exitcode == REPLAY_FAILED for f in e.failures.values()):  # restarts spent
+            sys.exit(REPLAY_FAILED)
         raise
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from transformer import export
-from transformer.core import curves, failure, presets, settings
+from transformer.core import curves, failure, hardware, presets, settings
 from transformer.core.card import model_card
 from transformer.core.files import atomic_dir, sha256_file
 from transformer.core.layout import (
@@ -88,6 +88,8 @@ def package(
             f"{metrics} scores model {str(scored)[:12]}, not {model} "
             f"({sha[:12]}): run the evaluate stage first"
         )
+    if ckpt.get(hardware.KEY):  # where and how it trained (the train stage's record)
+        scores[hardware.KEY] = ckpt[hardware.KEY]
     if parent is not None:
         try:
             scores["parent"] = json.loads(Path(parent).read_text())

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer.core import allocator, dist, failure, settings
+from transformer.core import allocator, dist, failure, hardware, settings
 from transformer.core.files import sha256_file
 from transformer.core.layout import MODEL
 from transformer.core.sections.model import ModelConfig
@@ -44,7 +44,7 @@ from transformer.model import checkpoint
 from transformer.model.checkpoint import CheckpointError
 from transformer.model.precision import resolve_precision
 from transformer.model.translator import DecodeError
-from transformer.training import ema, preempt
+from transformer.training import ema, graphs, preempt
 from transformer.training.clock import Clock
 from transformer.training.continuation import (
     Continuation,
@@ -168,11 +168,15 @@ def train(
         "continued": dataclasses.asdict(continued) if continued else None,  # its rate schedule
     }
 
+    ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
     path = update_path(tcfg, device, precision)
+    eager = graphs.failed_before(ckpt_dir) if path["graphs"] else set()  # a failed replay's
+    path["graphs"] &= eager is not None  # (None: every shape)
     learner = Learner(mcfg, tcfg, vocab, ids, device, precision, **path)
+    if learner.graphs is not None:
+        learner.graphs.eager |= eager
     model, opt, scaler = learner.model, learner.opt, learner.scaler
-    ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     if ckpt is None and parent is not None:  # a fresh continuation: the parent's weights
         init, init_path = load_parent(parent, sha)
         checkpoint.load_weights(model, init, init_path)
@@ -199,11 +203,12 @@ def train(
         group=tcfg.update_freq,
     )
     batching = {f"train/{k}": x for k, x in sampler.stats.items()}
-    step, seconds = restore(ckpt, ckpt_path, model, opt, scaler, sampler) if ckpt else (0, 0.0)
+    step, seconds = restore(ckpt, ckpt_path, learner, sampler) if ckpt else (0, 0.0)
     run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
     origin = started_from(ckpt, run)
     ema_avg = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
-    on_ema = ema_avg.swapped if ema_avg else contextlib.nullcontext  # what validation scores
+    # what validation scores: the EMA's weights when it is on (in and out by learner.load_state)
+    on_ema = (lambda: ema_avg.swapped(learner.load_state)) if ema_avg else contextlib.nullcontext
     clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
     select = Selection(tcfg, bleu=valid_text is not None)  # best checkpoints, early stopping
     select.load_state_dict(ckpt.get(STATE) if ckpt else None)
@@ -247,7 +252,7 @@ def train(
         logged = {}
         if logging:
             logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
-            logged.update(rewinder.metrics())
+            logged.update(rewinder.metrics() | learner.metrics())
         if validating:
             with on_ema():  # the EMA's scores when it is on
                 v = validate(model, valid_set, tcfg, device, learner.autocast)
@@ -263,6 +268,7 @@ def train(
             ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
             if ckpt is not None:
                 ckpt.update(run=run, origin=origin, rewind=rewinder.state_dict())
+                ckpt[hardware.KEY] = learner.trained_on()  # where and how, to the package
                 ckpt[STATE] = select.state_dict()
                 ema.add_to(ckpt, ema_avg)
                 path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last, select.best_steps())
@@ -286,7 +292,7 @@ def train(
     # why it stopped, the best (a preempted run has not stopped: it resumes)
     outcome = {} if notice.stopped else select.summary(step, tcfg.max_steps, seconds)
     if report.live is not None:
-        report.live.summary.update(outcome)
+        report.live.summary.update({**outcome, hardware.KEY: learner.trained_on()})
     report.close()
     return {
         "step": step,
@@ -367,6 +373,10 @@ def main(argv: list[str] | None = None) -> None:
         OSError,
     ) as e:
         sys.exit(f"error: {e}")
+    except graphs.ReplayFailed as e:  # nothing saved: the CUDA context may be unusable
+        eager = graphs.record_failure(args.ckpt_dir, e.key)
+        dist.print0(f"{e}\nexiting {graphs.REPLAY_FAILED}: the resumed run runs {eager} eagerly")
+        sys.exit(graphs.REPLAY_FAILED)
     except KeyboardInterrupt:
         last = checkpoint.list_checkpoints(args.ckpt_dir)
         where = f"--resume continues from {last[-1]}" if last else "no checkpoint yet"

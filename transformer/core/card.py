@@ -3,7 +3,8 @@
 Everything in it comes from the stage files: the download manifest (data and its counts),
 params.yaml (the recipe: the nearest preset and what differs from it), the evaluate stage's
 metrics (BLEU, chrF and their sacreBLEU signatures, the lineage and its hashes) and the
-checkpoint (steps, training time).
+checkpoint (steps, training time) and the train stage's record of where and how it trained
+(hardware.py, in lineage.json).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from transformer.core import presets
+from transformer.core import hardware, presets
 from transformer.core.layout import CURVES, NOT_PACKAGED
 
 LICENSE = "mit"  # the code's (pyproject.toml); the data's own terms are the user's to check
@@ -124,7 +125,7 @@ def model_card(
     """README.md's text. `lineage`: the package's lineage.json; `trained`: the checkpoint's
     step and train_seconds; `revision`: the code's git commit; `curves`: the package holds
     CURVES, the training curves, which the card shows."""
-    dl, model, train = (params.get(k) or {} for k in ("download", "model", "train"))
+    dl, model = (params.get(k) or {} for k in ("download", "model"))
     runs = _scores(lineage)
     preset, over = recipe(params)
     src, tgt = dl.get("src_lang", "en"), dl.get("tgt_lang", "de")
@@ -174,11 +175,8 @@ def model_card(
         ),
         f"- averaged checkpoints: steps {lin.get('averaged_steps')}",
         f"- parent: {_parent(parent)}",
-        (
-            f"- training: {trained.get('step')} updates, {hours:.2f} h in "
-            f"{train.get('nproc', 1)} process(es) at {train.get('precision', 'fp32')} (the train "
-            "stage does not record the device; see the experiment's notes)"
-        ),
+        f"- training: {trained.get('step')} updates, {hours:.2f} h",
+        f"- Hardware: {hardware.text(lineage.get(hardware.KEY))}",
         "",
         "## Limits",
         "",

@@ -15,7 +15,7 @@ checkpoints' EMAs instead of their weights (average.weights: ema; `weights`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -59,20 +59,24 @@ class EMA:
                 raise CheckpointError(f"{path}: {KEY}.{k} has shape {tuple(state[k].shape)}")
             self.shadow[i].copy_(state[k])
 
+    @torch.no_grad()
+    def copy_in(self, state: dict[str, Any]) -> None:
+        """state["model"] into the parameters, in place (Learner.load_state's way, sans learner)."""
+        for k, i in self.keys.items():
+            self.params[i].copy_(state["model"][k])
+
     @contextlib.contextmanager
-    def swapped(self) -> Iterator[None]:
-        """The model holds the EMA weights inside the block, its own again after (in place, so
-        a captured update's tensors keep their memory; restored bit for bit)."""
-        with torch.no_grad():
-            own = [p.detach().clone() for p in self.params]
-            for p, e in zip(self.params, self.shadow):
-                p.copy_(e)
+    def swapped(self, load: Callable[[dict[str, Any]], None] | None = None) -> Iterator[None]:
+        """The model holds the EMA weights inside the block, its own again after, both put in
+        by `load` (the train stage's: Learner.load_state, which copies in place, so a captured
+        update's tensors keep their addresses; restored bit for bit)."""
+        load = load or self.copy_in
+        own = {k: self.params[i].detach().clone() for k, i in self.keys.items()}
+        load({"model": self.state_dict()})
         try:
             yield
         finally:
-            with torch.no_grad():
-                for p, w in zip(self.params, own):
-                    p.copy_(w)
+            load({"model": own})
 
 
 def start(model: nn.Module, decay: float, ckpt: dict | None, path: Any) -> EMA | None:

@@ -23,14 +23,23 @@ not done).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from transformer.data.batches import Batch
 
 WARMUP = 2  # eager updates of a shape before its capture
+# After a failed replay the train stage exits REPLAY_FAILED, saving nothing (the CUDA context may
+# be unusable); launch.py starts it afresh with --resume, from the newest checkpoint, and the
+# shapes in EAGER_FILE (beside the checkpoints: moved aside with them) run eagerly: the failed
+# one, or every shape ("all") once a second replay has failed.
+REPLAY_FAILED = 76
+EAGER_FILE = "eager_shapes.json"
+ALL = "all"
 Update = Callable[[list[Batch], None], None]  # Learner.update on device batches
 
 
@@ -42,10 +51,46 @@ class ReplayFailed(RuntimeError):
     def __init__(self, key: tuple, error: BaseException):
         super().__init__(
             f"train.graphs: the replay of batch shape {list(key)} failed "
-            f"({type(error).__name__}: {error}); the run resumes from its newest checkpoint with "
-            "--resume; `train.graphs: off` runs it eagerly"
+            f"({type(error).__name__}: {error}); the run resumes from its newest checkpoint "
+            "(python -m transformer.launch restarts it: --resume), that shape eagerly; "
+            "`train.graphs: off` runs every shape eagerly"
         )
         self.key = key
+
+
+def _shape(key: list) -> tuple:
+    return tuple(tuple(k) for k in key)
+
+
+def _kept(ckpt_dir: Path) -> list | str:
+    try:
+        return json.loads((Path(ckpt_dir) / EAGER_FILE).read_text())
+    except FileNotFoundError:
+        return []
+
+
+def failed_before(ckpt_dir: Path) -> set[tuple] | None:
+    """The batch shapes whose replay failed in this run's earlier processes (EAGER_FILE), to run
+    eagerly; None: every shape (train.graphs off for the rest of the run)."""
+    kept = _kept(ckpt_dir)
+    if kept == ALL:
+        print(f"train.graphs: eager update, as replays failed twice ({ckpt_dir}/{EAGER_FILE})")
+        return None
+    if kept:
+        print(f"train.graphs: batch shape(s) {kept} run eagerly, as their replay failed before")
+    return {_shape(k) for k in kept}
+
+
+def record_failure(ckpt_dir: Path, key: tuple) -> str:
+    """Add the shape whose replay failed to EAGER_FILE (every shape if one had failed before);
+    what the resumed run will run eagerly, in words."""
+    path = Path(ckpt_dir) / EAGER_FILE
+    kept = ALL if _kept(ckpt_dir) else [list(map(list, key))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(kept) + "\n")
+    tmp.replace(path)
+    return "every batch shape" if kept == ALL else f"batch shape {list(key)}"
 
 
 class Graphs:
@@ -99,6 +144,13 @@ class Graphs:
             replay()  # a capture records the update; the replay runs it
         except RuntimeError as e:
             raise ReplayFailed(key, e) from e
+
+    def invalidate(self) -> None:
+        """Every graph dropped (a restore replaced tensors they read: Learner.load_state), with
+        its pool; each shape is captured afresh after its warm-ups. Shapes in `eager` stay so."""
+        self.graphs.clear()
+        self.seen.clear()
+        self.stream, self.pool = self.side_stream_and_pool()
 
     def side_stream_and_pool(self):
         """The stream of warm-ups and captures, and the graphs' shared memory pool."""

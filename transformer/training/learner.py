@@ -12,16 +12,19 @@ compiled with torch.compile(fullgraph=True).
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from transformer.core import dist
+from transformer.core import dist, hardware
 from transformer.core.ids import PAD_ID
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.train import TrainConfig
 from transformer.data.batches import Batch, boundaries
+from transformer.model import checkpoint
 from transformer.model.network import Transformer
+from transformer.training.resume import load_optimizer
 
 
 class WithLoss(nn.Module):
@@ -88,6 +91,7 @@ class Learner:
         compile_dynamic: bool = True,
     ):
         self.cfg, self.device, self.static = tcfg, device, static
+        self.precision, self.compiled = precision, compile
         self.model = Transformer(mcfg, vocab, ids).to(device)
         # fused Adam reads a tensor rate: fp64 on a CPU (read as the double a Python rate is,
         # so the update is today's exactly), fp32 on CUDA (its kernel's type)
@@ -133,6 +137,50 @@ class Learner:
             + (", compiled loss" if compile else "")
         )
 
+    def load_state(self, state: dict[str, Any], path: Any = "<checkpoint>") -> None:
+        """Restore what `state` holds, the one way state enters a Learner (resume, rewind, the
+        EMA swap): "model", the weights, copied into the parameters in place (they keep the
+        addresses a captured update reads; checked against the model where `state` is a whole
+        checkpoint); "optimizer" (Adam: new state tensors) and "scaler". Graphs that read
+        tensors a restore replaced are dropped, to be captured afresh (the shapes that fell back
+        to eager stay eager)."""
+        if "model" in state:
+            if "model_config" in state:  # a checkpoint: its architecture and values checked
+                checkpoint.load_weights(self.model, state, path)
+            else:
+                self.model.load_state_dict(state["model"])  # copy_ into each parameter
+        if "optimizer" in state:
+            load_optimizer(self.opt, state["optimizer"])
+        if self.scaler.is_enabled() and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.graphs is not None and ("optimizer" in state or "scaler" in state):
+            self.graphs.invalidate()  # Adam's state is new tensors: captured afresh
+
+    def path(self) -> dict[str, Any]:
+        """The update path actually used: eager, captured, compiled or captured+compiled, and
+        how many batch shapes fell back to eager (their capture or replay failed)."""
+        used = (("captured", self.graphs is not None), ("compiled", self.compiled))
+        return {
+            "update": "+".join(name for name, on in used if on) or "eager",
+            "eager_shapes": len(self.graphs.eager) if self.graphs is not None else 0,
+        }
+
+    def metrics(self) -> dict[str, int]:
+        """The log point's train/eager_shapes (with the captured update only)."""
+        return {} if self.graphs is None else {"train/eager_shapes": len(self.graphs.eager)}
+
+    def trained_on(self) -> dict[str, Any]:
+        """Where and how this run trains (core/hardware.py): its checkpoints' and metrics'."""
+        cuda = self.device.type == "cuda"
+        return hardware.record(
+            self.device.type,
+            torch.cuda.get_device_name(self.device) if cuda else None,
+            self.precision,
+            dist.world_size(),
+            **self.path(),
+            torch_version=str(torch.__version__),  # (a TorchVersion: not weights_only-loadable)
+        )
+
     def autocast(self) -> torch.autocast:  # bf16 (CPU, CUDA) / fp16 (CUDA); master weights fp32
         return torch.autocast(
             self.device.type,
@@ -161,6 +209,23 @@ class Learner:
             counts = None if self.static else [n_targets(b) for b in batches]
             self.update([to_device(b, self.device) for b in batches], counts)
 
+    def loss(self, b: Batch, n: int | None) -> tuple[Tensor, Tensor]:
+        """The micro-batch's (loss, nll). A compile that fails (inductor cannot build: dynamo
+        raises before the loss runs, nothing computed) makes the loss eager from then on, logged
+        once, and the micro-batch runs eagerly: the run goes on (train.compile is resume-free)."""
+        try:
+            return self.forward(*b, self.cfg.label_smoothing, n, self.static)
+        except torch._dynamo.exc.TorchDynamoException as e:  # (inductor's errors too)
+            if self.forward is self.ddp:
+                raise
+            self.forward, self.compiled = self.ddp, False
+            dist.print0(
+                f"train.compile: compiling the loss failed ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:300]}); it runs eagerly from now on "
+                "(`train.compile: false` in params.yaml says so from the start)"
+            )
+            return self.forward(*b, self.cfg.label_smoothing, n, self.static)
+
     def update(self, batches: list[Batch], counts: list[int] | None) -> None:
         """The update on device batches: what graphs.py captures. counts: each batch's non-pad
         targets (None with static shapes, whose loss projects every position)."""
@@ -171,8 +236,7 @@ class Learner:
             sync = contextlib.nullcontext() if last or not dist.is_dist() else self.ddp.no_sync()
             with sync:  # DDP all-reduces gradients once, on the update's last micro-batch
                 with self.autocast():
-                    n = None if counts is None else counts[i]
-                    loss, nll = self.forward(*b, self.cfg.label_smoothing, n, self.static)
+                    loss, nll = self.loss(b, None if counts is None else counts[i])
                 self.scaler.scale(loss * self.scale).backward()
             self.sums += torch.stack([loss.detach(), nll.detach()]).double()
         if self.cfg.clip_norm > 0:

@@ -188,12 +188,10 @@ def load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     opt.load_state_dict({**state, "param_groups": groups})
 
 
-def restore(ckpt: dict[str, Any], path: str, model, opt, scaler, sampler) -> tuple[int, float]:
-    """Load weights, Adam, scaler, data position and this rank's RNG; (step, seconds)."""
-    checkpoint.load_weights(model, ckpt, path)
-    load_optimizer(opt, ckpt["optimizer"])
-    if scaler.is_enabled() and ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
+def restore(ckpt: dict[str, Any], path: str, learner, sampler) -> tuple[int, float]:
+    """Load weights, Adam, scaler (Learner.load_state), data position and this rank's RNG;
+    (step, seconds)."""
+    learner.load_state(ckpt, path)
     rng = ckpt["rng"][dist.rank()]
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") is not None and torch.cuda.is_available():

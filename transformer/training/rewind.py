@@ -150,16 +150,12 @@ class Rewinder:
             )
         ckpt, path = found
         learner = self.learner
-        back, _ = restore(ckpt, path, learner.model, learner.opt, learner.scaler, self.sampler)
+        back, _ = restore(ckpt, path, learner, self.sampler)  # graphs recaptured (load_state)
         self.sampler.load_state_dict(pos)  # past the batches of steps back+1 .. step
         if dist.is_main():  # the abandoned updates' checkpoints: not to average nor to resume
             for p in checkpoint.list_checkpoints(self.ckpt_dir):
                 if step_of(p) > back:
                     p.unlink(missing_ok=True)
-        if learner.graphs is not None:  # they hold the Adam state that restore replaced
-            from transformer.training.graphs import Graphs  # CUDA only
-
-            learner.graphs = Graphs(learner.device)  # captured afresh
         self.mean = (ckpt.get("rewind") or {}).get("mean")
         self.restored = ckpt  # for the loop's other state kept in checkpoints (selection, EMA)
         self.events.append({"kind": kind, "first": first, "last": step, "back": back})
