@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.train import kill_and_resume, run, write_params
+from transformer.training.cpu_share import CpuShare
 
 from transformer import train
-from transformer.core.cpu_share import CpuShare
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.train import TrainConfig
 from transformer.core.settings import ConfigError
