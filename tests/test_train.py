@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.train import kill_and_resume, run, write_params
-from transformer.training.cpu_share import CpuShare
 
 from transformer import train
 from transformer.core.sections.model import ModelConfig
@@ -23,6 +22,7 @@ from transformer.core.settings import ConfigError
 from transformer.data.batches import BatchSampler, load_split
 from transformer.model import checkpoint, precision
 from transformer.model.network import Transformer
+from transformer.training.report import CpuShare
 
 
 def test_rate_peaks_at_warmup_and_decays():
