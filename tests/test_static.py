@@ -1,4 +1,4 @@
-"""Static-shape batches and the update as a function of tensors (data.py, learner.py): every pair
+"""Static-shape batches and the update as a function of tensors (data/batches.py, training/learner.py): every pair
 once per epoch, exact resume, one shape per update on every rank, padded loss = unpadded loss,
 filler rows finite, the tensor update = the float one, an in-place rate, and the compiled loss
 (aot_eager on a CPU) = eager with no graph break and one graph per batch shape."""

@@ -1,4 +1,4 @@
-"""Attention on CPU: SDPA against model.py's spelled-out Eq. 1 (`model.attention`), by op.
+"""Attention on CPU: SDPA against network.py's spelled-out Eq. 1 (`network.attention`), by op.
 
     python -m benchmarks.cpu.attention_bench [--calls 30]
 

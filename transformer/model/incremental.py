@@ -67,7 +67,7 @@ class Decoder:
     int8 once, one scale per output channel; activations per call). kernels "plain" (the
     default elsewhere, e.g. CUDA): the model as it is, wholly in fp32 or bf16 (weights,
     activations and caches), attention through SDPA. Logits are fp32 either way. The tied
-    output projection, an F.linear on the embedding in model.py, becomes a Linear of its own so
+    output projection, an F.linear on the embedding in network.py, becomes a Linear of its own so
     that it is converted too.
     """
 
@@ -127,7 +127,7 @@ class Decoder:
         return self.model.full_logits(self.out(h).float())  # (B, V) fp32; the last position only
 
     def step_full(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor) -> Tensor:
-        """Logits (B, V) after tgt_in (B, t), recomputing the whole prefix: model.py's own path."""
+        """Logits (B, V) after tgt_in (B, t), recomputing the whole prefix: network.py's own path."""
         h = self.model.decode_features(tgt_in.to(self.device), memory, src_pad_mask)
         return self.logits(h[:, -1])
 

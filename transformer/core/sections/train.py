@@ -40,7 +40,7 @@ class TrainConfig:
     rewind_lr_factor: float = 0.5  # the rate after a rewind, times this ...
     rewind_updates: int = 100  # ... for this many updates
     inject_divergence_at: int = 0  # test hook: the update of this step turns NaN once; 0 = never
-    # validation BLEU/chrF (valid_bleu.py), best checkpoints and early stopping (selection.py)
+    # validation BLEU/chrF (training/validation.py), best checkpoints and early stopping (selection.py)
     valid_bleu: bool = True  # decode the valid split at each validation point (needs --raw)
     valid_bleu_sentences: int = 0  # the first N valid sentences; 0 = all
     valid_bleu_beam_size: int = 0  # 0 = decode.beam_size (the evaluate stage's); 1 = greedy
