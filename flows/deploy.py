@@ -41,6 +41,7 @@ def deploy(
             build=False,
             push=False,
             print_next_steps=False,
+            ignore_warnings=True,  # Prefect's hint to use serve() on a process pool: meant
             job_variables={"working_dir": str(project), "env": env},
             tags=[project_tag(project)],
             **options,
