@@ -413,7 +413,8 @@ def client() -> Iterator[Any]:
     yield _clients[url]
 
 
-def artifact(run: str, key: str):
+def find_artifact(run: str, key: str):
+    """Flow run `run`'s one artifact `key`, as the server stores it."""
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
@@ -426,6 +427,11 @@ def artifact(run: str, key: str):
                 key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[run])
             )
         )
+    return found
+
+
+def artifact(run: str, key: str):
+    found = find_artifact(run, key)
     return json.loads(found.data) if found.type == "table" else found.data
 
 

@@ -24,6 +24,7 @@ from prefect_fixtures import (
     artifact,
     client,
     deployment_run,
+    find_artifact,
     free_port,
     make_toy,
     run_id,
@@ -174,19 +175,7 @@ def ui(prefect_server: dict) -> Iterator[str]:
 
 
 def artifact_id(run: str, key: str) -> str:
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterFlowRunId,
-        ArtifactFilterKey,
-    )
-
-    with client() as c:
-        (found,) = c.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[run])
-            )
-        )
-    return str(found.id)
+    return str(find_artifact(run, key).id)
 
 
 IMAGES = "Array.from(document.images).filter(i => i.src.startsWith('data:'))"
