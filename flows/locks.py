@@ -41,6 +41,16 @@ def registry_lock(project: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def experiments_lock(project: Path) -> Iterator[None]:
+    """One `dvc exp save` at a time per repository: the lines' workspaces are worktrees of one
+    git repository, and two saves at once race on its refs/exps (DVC's own lock is in each
+    worktree's .dvc/tmp; seen as "'NoneType' object is not subscriptable")."""
+    path = Path(project) / ".dvc" / "tmp" / "experiments.lock"
+    with _flock(path, f"{project}: another line is saving its experiment"):
+        yield
+
+
+@contextlib.contextmanager
 def _flock(path: Path, busy: str) -> Iterator[None]:
     if path in _held:
         yield

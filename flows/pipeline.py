@@ -27,7 +27,7 @@ from prefect.tasks import exponential_backoff
 from flows import lineage, progress, workspace
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
-from flows.locks import workspace_lock
+from flows.locks import experiments_lock, workspace_lock
 from flows.shell import (
     TRANSIENT,
     CommandError,
@@ -216,8 +216,11 @@ def save_experiment(ws: Path, dag: dict[str, Stage], name: str, recipe: dict[str
         f"Prefect flow run {flow_run.get_id()} ({flow_run.get_name()})\n\n"
         f"recipe: {json.dumps(recipe)}"
     )
-    dvc("exp", "save", "--force", "-n", name, "-m", msg, *include, cwd=ws)
-    return workspace.git("rev-parse", f"refs/exps/{experiment_ref(ws, name)}", cwd=ws)
+    # the project whose worktree `ws` is: its repository's refs are every line's
+    common = workspace.git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=ws)
+    with experiments_lock(Path(common).parent):
+        dvc("exp", "save", "--force", "-n", name, "-m", msg, *include, cwd=ws)
+        return workspace.git("rev-parse", f"refs/exps/{experiment_ref(ws, name)}", cwd=ws)
 
 
 def experiment_ref(ws: Path, name: str) -> str:
