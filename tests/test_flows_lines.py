@@ -185,7 +185,10 @@ def test_a_project_promoted_before_lines_keeps_its_registry(
     still work, and its next retrain is gated against the champion it had."""
     toy = make_toy(tmp_path / "toy")
     sh("rm", "-rf", "flows", cwd=toy)
-    subprocess.run(f"git -C {ROOT} archive {OLD} flows | tar -x -C {toy}", shell=True, check=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", OLD, "flows"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(toy)], input=archive.stdout, check=True)
     sh("git", "add", "-A", cwd=toy)
     sh("git", "commit", "-qm", "the flows before lines", cwd=toy)
     corpus = str(toy.parent / "corpus")

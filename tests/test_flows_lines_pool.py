@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from prefect_fixtures import BIN, STARTUP_S, client, make_toy, sh, stop, wait_until
-from test_flows_lines import LINES, declare, tags
+from test_flows_lines import LINES, declare, python, tags
 
 POOL = "gpu"
 
@@ -72,15 +72,7 @@ def test_the_lines_run_on_a_process_work_pool_through_a_worker(
         "PREFECT_WORKER_QUERY_SECONDS": "1",  # the worker asks for runs every second
     }
     sh(str(BIN / "prefect"), "work-pool", "create", POOL, "--type", "process", cwd=toy, env=env)
-    r = subprocess.run(
-        [sys.executable, "-m", "flows.deploy", "--pool", POOL, "--local-only"],
-        cwd=toy,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    r = python(["-m", "flows.deploy", "--pool", POOL, "--local-only"], toy, env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Looks like you're deploying" not in r.stdout + r.stderr  # a process pool is meant
     for name in ("en-de", "de-en"):
