@@ -172,9 +172,25 @@ def plan(
     return decide_start(mode, champion, theirs, params, cfg["max_oov_rate"], fit), cfg
 
 
+# retrain()'s default preset: the line's declared recipe (a name no preset file can take: the
+# presets are checked against presets/*.yaml, and "line" is not one)
+LINE_RECIPE = "line"
+
+
+def recipe(
+    found: lines.Line, preset: str | None, overrides: list[str]
+) -> tuple[str | None, list[str]]:
+    """The preset and overrides a retrain of line `found` runs (see retrain's `preset`)."""
+    if preset != LINE_RECIPE:
+        return preset, overrides
+    if not found.declared:
+        return "demo", overrides
+    return found.preset, [*found.overrides, *overrides]
+
+
 @flow(name="retrain", log_prints=True)
 def retrain(
-    preset: str | None = "demo",
+    preset: str | None = LINE_RECIPE,
     overrides: list[str] | None = None,
     rev: str = "HEAD",
     project: str = ".",
@@ -184,11 +200,16 @@ def retrain(
     line: str | None = None,
 ) -> dict[str, Any]:
     """Retrain line `line`'s recipe when its data, code or params changed since the line's
-    champion; promote the candidate only if it passes the gate. Returns the decision and why."""
+    champion; promote the candidate only if it passes the gate. Returns the decision and why.
+
+    `preset` "line" (the default): the line's own recipe (its dvc.yaml meta), `overrides` after
+    the recipe's; the demo preset for a project whose artifact declares no line. Any other
+    preset, or None (the project's params.yaml as committed), replaces the line's recipe."""
     root = Path(project).resolve()
     overrides = list(overrides or [])
     found = lines.get(root, line)  # a bad declaration stops here, before any run
     line = found.name
+    preset, overrides = recipe(found, preset, overrides)
     key = line if found.declared else None  # an undeclared single artifact: today's workspace
     with workspace_lock(root, key):
         start_attempt()

@@ -132,3 +132,17 @@ def test_the_project_declares_two_lines_on_the_offline_corpus() -> None:
     if not (ROOT / "presets/demo-de-en.yaml").exists():
         pytest.skip("presets/demo-de-en.yaml lands with the German->English demo corpus")
     assert [x.name for x in lines.read(ROOT)] == ["en-de", "de-en"]
+
+
+def test_a_retrain_of_a_line_runs_its_recipe_unless_told_otherwise() -> None:
+    from flows.retrain import LINE_RECIPE, recipe
+
+    de_en = lines.get(ROOT, "de-en")
+    assert de_en.preset == "demo-de-en"
+    extra = ["train.max_steps=5"]
+    # the default: what the deployment retrain/de-en passes, with the caller's overrides last
+    assert recipe(de_en, LINE_RECIPE, extra) == ("demo-de-en", [*de_en.overrides, *extra])
+    assert recipe(de_en, "demo", extra) == ("demo", extra)  # a preset named replaces the recipe
+    assert recipe(de_en, None, []) == (None, [])  # params.yaml as committed
+    single = lines.Line(name="model", path="data/package", declared=False)
+    assert recipe(single, LINE_RECIPE, extra) == ("demo", extra)  # a project without lines

@@ -2,6 +2,7 @@
 
     python -m benchmarks.scale.wmt14_rehearsal --workdir /data/rehearsal  # base + big, full size
     python -m benchmarks.scale.wmt14_rehearsal --workdir /data/r --until shard --no-big  # data only
+    python -m benchmarks.scale.wmt14_rehearsal --workdir /data/r --until shard --no-big --filters-ab
     python -m benchmarks.scale.wmt14_rehearsal --workdir /tmp/r --pairs 200000 --test-segments 300 \
         --big-set model.d_model=256 model.d_ff=1024       # a quick check of the whole script
 
@@ -19,6 +20,8 @@ stage's own cache. Then DVC's overhead with
 everything present: `dvc status`, a no-op `dvc repro`, and the train stage's start with its
 checkpoints present (`--force`: it resumes from the final checkpoint and trains nothing).
 The stages run with jemalloc preloaded where it is installed, as `make multi30k` runs them.
+`--filters-ab` then runs the download stage twice more (forced, its download cache warm),
+the crawl filters off and then on (the preset's CommonCrawl part), for what the filters cost.
 
 Big (artifact only): the wmt14-en-de-big preset's checkpoint volume. `--big-checkpoints` (21)
 checkpoints of the big model (213M parameters with the 37k vocabulary: weights plus Adam's two
@@ -45,6 +48,7 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 
 from benchmarks.common import JEMALLOC, ROOT
 from benchmarks.scale import wmt_mirror
@@ -281,6 +285,8 @@ def base(args, project: Path, url: str, log: Path) -> list[dict]:
         rows.append(row(stage, project, log, "repro", "--single-item", stage))
         wall, rss = rows[-1]["wall_s"], rows[-1]["stage_rss"]
         print(f"{stage}: {wall:.0f} s, peak RSS {rss / GiB:.2f} GiB", flush=True)
+    if args.filters_ab:
+        rows += filters_ab(project, log)
     checks = [("dvc status", ["status"]), ("dvc status (again)", ["status"])]
     if args.until == STAGES[-1]:
         checks += [
@@ -289,6 +295,23 @@ def base(args, project: Path, url: str, log: Path) -> list[dict]:
         ]
     for what, cmd in checks:
         rows.append(row(what, project, log, *cmd))
+    return rows
+
+
+def filters_ab(project: Path, log: Path) -> list[dict]:
+    """The download stage twice more, forced, its download cache warm: every train part's own
+    `clean` (the crawl filters) dropped, then as the preset has it (what is left in place)."""
+    params = project / "params.yaml"
+    text = params.read_text()
+    off = yaml.safe_load(text)
+    for part in off["download"]["splits"]["train"]:
+        part.pop("clean", None)
+    rows = []
+    for what, content in (("off", yaml.safe_dump(off, sort_keys=False)), ("on", text)):
+        params.write_text(content)
+        args = ("repro", "--force", "--single-item", "download")
+        rows.append(row(f"download again, crawl filters {what}", project, log, *args))
+        print(f"download, filters {what}: {rows[-1]['wall_s']:.0f} s", flush=True)
     return rows
 
 
@@ -423,6 +446,14 @@ def goals(rows: list[dict]) -> list[str]:
     if all(s in by for s in STAGES[:4]):
         prep = sum(by[s]["wall_s"] for s in STAGES[:4])
         out.append(f"download -> shards: {prep / 60:.1f} min (goal: 30 min at 4.5M pairs)")
+    if {"download again, crawl filters off", "download again, crawl filters on"} <= set(by):
+        extra = (
+            by["download again, crawl filters on"]["wall_s"]
+            - by["download again, crawl filters off"]["wall_s"]
+        )
+        if all(s in by for s in STAGES[:4]):
+            ratio = prep / (prep - extra)
+            out.append(f"the crawl filters: +{extra:.0f} s, data stages {ratio:.2f}x (goal: 1.3x)")
     if "no-op dvc repro" in by:
         out.append(f"no-op dvc repro {by['no-op dvc repro']['wall_s']:.1f} s (goal: 5 s)")
     avg = next((r for r in rows if "averaged_steps" in r), None)
@@ -465,6 +496,11 @@ def main() -> None:
         help="the base run's last stage (e.g. shard: the data stages alone)",
     )
     p.add_argument("--no-base", action="store_true", help="reuse WORKDIR/project as it is")
+    p.add_argument(
+        "--filters-ab",
+        action="store_true",
+        help="time the download stage again without and with the crawl filters (cache warm)",
+    )
     p.add_argument("--no-big", action="store_true")
     p.add_argument("--no-jemalloc", action="store_true", help="glibc's malloc for the stages")
     p.add_argument(
