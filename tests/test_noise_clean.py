@@ -48,6 +48,9 @@ def test_noise_replaces_the_rate_in_equal_kinds_and_nothing_else(tmp_path):
             assert line.startswith("news line ")
         else:  # misaligned: another pair's German, never its own
             assert line.startswith("a Hund number ") and line != f"a Hund number {i}"
+    oracle = (tmp_path / "c" / "oracle" / "train.de").read_text().splitlines()
+    assert oracle == [f"a Hund number {i}" for i in range(200) if i not in kinds]
+    assert len((tmp_path / "c" / "oracle" / "train.en").read_text().splitlines()) == 160
     again = noise_clean.build(tmp_path / "d", 0.2, seed=3, data=data)
     assert again == counts
     assert (tmp_path / "d" / "train.de").read_bytes() == (tmp_path / "c" / "train.de").read_bytes()

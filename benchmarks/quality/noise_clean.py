@@ -1,24 +1,27 @@
 """What the crawl filters buy in BLEU: Multi30k with crawl-like noise, trained with and without them.
 
     python -m benchmarks.quality.noise_clean WORKDIR [--rate 0.2] [--minutes 20] [--seed 1]
-        [--runs clean noisy filtered] [--resamples 1000]
+        [--runs clean noisy filtered oracle] [--resamples 1000]
 
 Replaces `--rate` of Multi30k's train pairs (../shared/data/multi30k) with noise of four kinds in
 equal parts (`KINDS`), written to WORKDIR/corpus/train.{en,de} with WORKDIR/corpus/noise.tsv (line,
-kind). Then trains the multi30k-en-de preset with docs/results.md's 20-minute settings three
+kind). Then trains the multi30k-en-de preset with docs/results.md's 20-minute settings four
 times, each in a fresh clone of this checkout's HEAD under WORKDIR/NAME, with `dvc repro` as
 `make multi30k` runs it (jemalloc preloaded where installed), one after the other:
 
 - clean: Multi30k as released;
 - noisy: the noisy train files, today's clean-up (the preset's);
-- filtered: the noisy train files with `download.clean` langid, copies and script on.
+- filtered: the noisy train files with `download.clean` langid, copies and script on;
+- oracle: the untouched pairs alone (corpus/oracle/): what a perfect filter would keep,
+  the most any filter can win back.
 
-valid and test are Multi30k's, untouched, in every run. Reports test BLEU and chrF with
-sacreBLEU's paired bootstrap (noisy the baseline), the share of the noise's BLEU loss that the
-filters recover, which injected pairs each run's download stage kept (per kind) and what it
-removed of the clean pairs; writes WORKDIR/results.{json,md}. A run whose evaluate metrics exist
-is not trained again (delete WORKDIR/NAME to redo it). Time it on an otherwise idle machine: the
-load average before and after each run is recorded.
+valid and test are Multi30k's, untouched, in every run. Reports test BLEU and chrF with sacreBLEU's
+paired bootstrap (noisy the baseline), the share of the noise's BLEU loss that the filters win back
+(of the clean run's loss, and of what the oracle wins back), which injected pairs each run's
+download stage kept (per kind) and what it removed of the clean pairs; writes
+WORKDIR/results.{json,md}. A run whose evaluate metrics exist is not trained again (delete
+WORKDIR/NAME to redo it). Time it on an otherwise idle machine: the load average before and after
+each run is recorded.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from benchmarks.common import JEMALLOC, ROOT, SHARED
 from benchmarks.quality.multi30k_sweep import overrides_to_tree
 from flows.significance import paired_bs
 from transformer.core.presets import merge
+from transformer.core.sections.download import CleanConfig
+from transformer.data.clean import normalize
 
 DATA = SHARED / "data"
 KINDS = ("french", "wmt", "copy", "misaligned")
@@ -54,7 +59,7 @@ FILTERS = {
     "download.clean.copies": True,
     "download.clean.script": True,
 }
-RUNS = ("clean", "noisy", "filtered")
+RUNS = ("clean", "noisy", "filtered", "oracle")
 
 
 def read(path: Path) -> list[str]:
@@ -95,6 +100,11 @@ def build(out: Path, rate: float, seed: int, data: Path = DATA) -> dict[str, int
     (out / "train.de").write_text("".join(s + "\n" for s in noisy), encoding="utf-8")
     rows = sorted((i, k) for k, idx in groups.items() for i in idx)
     (out / "noise.tsv").write_text("".join(f"{i + 1}\t{k}\n" for i, k in rows), encoding="utf-8")
+    noise = {i for i, _ in rows}  # oracle/: the untouched pairs alone, what a perfect filter keeps
+    (out / "oracle").mkdir(exist_ok=True)
+    for lang, side in (("en", en), ("de", de)):
+        text = "".join(x + "\n" for i, x in enumerate(side) if i not in noise)
+        (out / "oracle" / f"train.{lang}").write_text(text, encoding="utf-8")
     return {k: len(v) for k, v in groups.items()}
 
 
@@ -102,7 +112,7 @@ def params_for(run: str, corpus: Path, minutes: float, seed: int) -> dict[str, o
     """The dotted overrides of one run over the multi30k-en-de preset (absolute data paths: the
     run's clone does not sit beside ../shared)."""
     m30k = DATA / "multi30k"
-    train = (corpus if run != "clean" else m30k) / "train.{lang}"
+    train = {"clean": m30k, "oracle": corpus / "oracle"}.get(run, corpus) / "train.{lang}"
     flat: dict[str, object] = {
         **SHORT,
         "train.time_budget_minutes": minutes,
@@ -173,7 +183,8 @@ def outputs(proj: Path) -> dict[str, Path]:
 def kept(raw: Path, corpus: Path, data: Path = DATA) -> dict[str, dict[str, int]]:
     """Of each injected kind (and of the untouched pairs): how many the download stage kept."""
     pairs = set(zip(read(raw / "train.en"), read(raw / "train.de")))
-    en, de = read(corpus / "train.en"), read(corpus / "train.de")
+    cc = CleanConfig()  # the stage writes normalised text: compare like with like
+    en, de = ([normalize(x, cc) for x in read(corpus / f"train.{s}")] for s in ("en", "de"))
     kind = {int(i) - 1: k for i, k in (r.split("\t") for r in read(corpus / "noise.tsv"))}
     out: dict[str, dict[str, int]] = {}
     for i, pair in enumerate(zip(en, de)):
@@ -198,7 +209,7 @@ def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -
             steps=live.get("step"),
             train_pairs=manifest["splits"]["train"]["kept"] if "splits" in manifest else None,
         )
-        if r != "clean":
+        if r in ("noisy", "filtered"):
             rec["kept"] = kept(files["raw"], corpus)
     if "noisy" in hyps:
         for r in (x for x in hyps if x != "noisy"):
@@ -206,9 +217,13 @@ def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -
                 refs, hyps["noisy"], hyps[r], "de", resamples, 12345
             )
     if {"clean", "noisy", "filtered"} <= set(records):
-        b = {r: records[r]["bleu"] for r in RUNS}
+        b = {r: records[r]["bleu"] for r in records}
         lost = b["clean"] - b["noisy"]
         result["recovered"] = round((b["filtered"] - b["noisy"]) / lost, 3) if lost else None
+        if "oracle" in b and b["oracle"] != b["noisy"]:  # of what a perfect filter wins back
+            result["recovered_of_oracle"] = round(
+                (b["filtered"] - b["noisy"]) / (b["oracle"] - b["noisy"]), 3
+            )
     return result
 
 
@@ -233,6 +248,11 @@ def markdown(result: dict) -> str:
     if "recovered" in result:
         lines.append(
             f"\nshare of the noise's BLEU loss recovered by the filters: {result['recovered']}"
+        )
+    if "recovered_of_oracle" in result:
+        lines.append(
+            "share of what a perfect filter (the untouched pairs alone) wins back: "
+            f"{result['recovered_of_oracle']}"
         )
     for r, x in runs.items():
         if "kept" in x:
