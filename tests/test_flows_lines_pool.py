@@ -41,18 +41,10 @@ def worker(toy: Path, env: dict) -> subprocess.Popen:
     return proc
 
 
-def gone(pgid: int) -> bool:
-    """Whether no process is left in process group `pgid`."""
+def alive(pid: int, group: bool = False) -> bool:
+    """Whether process `pid` (with `group`: any process of process group `pid`) is left."""
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
+        (os.killpg if group else os.kill)(pid, 0)
     except ProcessLookupError:
         return False
     return True
@@ -101,7 +93,9 @@ def test_the_lines_run_on_a_process_work_pool_through_a_worker(
         for p in runs.values():
             p.kill()
         stop(proc, signal.SIGTERM)  # the worker's whole process group
-    wait_until("the worker's process group to end", lambda: gone(proc.pid), timeout=60)
+    wait_until(
+        "the worker's process group to end", lambda: not alive(proc.pid, group=True), timeout=60
+    )
     worker_log = proc.log_path.read_text()
     for name, out in outs.items():
         assert runs[name].returncode == 0, f"{name}:\n{out}\nworker:\n{worker_log}"

@@ -196,10 +196,11 @@ def kept(raw: Path, corpus: Path, data: Path = DATA) -> dict[str, dict[str, int]
 
 def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -> dict:
     refs = read(DATA / "multi30k" / "test_2016_flickr.de")
-    hyps = {r: read(outputs(work / r)["eval"] / "hyps.test.txt") for r in records}
+    hyps: dict[str, list[str]] = {}
     result: dict = {"runs": records}
     for r, rec in records.items():
         files = outputs(work / r)
+        hyps[r] = read(files["eval"] / "hyps.test.txt")
         ev = json.loads(files["evaluate"].read_text())
         live = json.loads(files["live"].read_text())
         manifest = json.loads(files["manifest"].read_text())
@@ -207,7 +208,7 @@ def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -
             bleu=round(ev["bleu"], 2),
             chrf=round(ev["chrf"], 2),
             steps=live.get("step"),
-            train_pairs=manifest["splits"]["train"]["kept"] if "splits" in manifest else None,
+            train_pairs=manifest["splits"]["train"]["kept"],
         )
         if r in ("noisy", "filtered"):
             rec["kept"] = kept(files["raw"], corpus)
