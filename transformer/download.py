@@ -28,7 +28,7 @@ from transformer.core.files import atomic_dir, sha256_file, write_json
 from transformer.core.sections.download import DownloadConfig, SourceSpec, part_clean
 from transformer.core.settings import ConfigError
 from transformer.data.clean import Counts, HashSet, hashes, normalize, pair_filter
-from transformer.data.crawl import CRAWL_REASONS, CrawlFilter
+from transformer.data.crawl import CRAWL_REASONS, CrawlFilter, CrawlRunner
 from transformer.data.sources import SPLITS, BadText, Part, parts_for
 from transformer.data.wmt import SourceError
 
@@ -74,12 +74,21 @@ def clean_part(
 ) -> Counts:
     """Stream one part through the filters into the open (src, tgt) files `out`; its counts."""
     cc, is_train = cfg.clean, split == "train"
-    normalized, filtered = is_train or cc.normalize_eval, is_train or cc.filter_eval
-    counts, bad, chunk = Counts(), 0, []
-    key = f"download.splits.{split}[{part.name}].clean"
+    counts, key = Counts(), f"download.splits.{split}[{part.name}].clean"
     crawl = CrawlFilter(part_clean(cc, SourceSpec(clean=part.clean), key), *_langs(cfg))
-    if crawl.active and not is_train:  # valid / test: counted, never dropped
+    flag_only = not is_train  # valid / test: counted, never dropped
+    if crawl.active and flag_only:
         counts.flagged.update(dict.fromkeys(CRAWL_REASONS, 0))
+    tally = counts.flagged if flag_only else counts.dropped
+    with CrawlRunner(crawl, tally, flag_only) as runner:
+        return _stream(part, split, cfg, dedup, evals, out, counts, runner)
+
+
+def _stream(part, split, cfg, dedup, evals, out, counts: Counts, runner: CrawlRunner) -> Counts:
+    """clean_part's loop: read, normalise and filter the pairs; the runner's survivors written."""
+    cc, is_train = cfg.clean, split == "train"
+    normalized, filtered = is_train or cc.normalize_eval, is_train or cc.filter_eval
+    bad, chunk = 0, []
     for line_no, raw_src, raw_tgt in tqdm(
         part.open(), desc=f"{split}: {part.name}", unit=" pairs", mininterval=1.0, leave=False
     ):
@@ -110,18 +119,16 @@ def clean_part(
             where = f"{part.name}: line {line_no}"
             src, tgt = _one_line(src, split, where), _one_line(tgt, split, where)
         reason = pair_filter(src, tgt, cc) if filtered else None
-        if crawl.active and not reason:
-            reason = crawl.reason(src, tgt)
-            if reason and not is_train:
-                counts.flagged[reason] += 1
-                reason = None
         if reason:
             counts.dropped[reason] += 1
             continue
         chunk.append((src, tgt))
         if len(chunk) >= CHUNK:
-            _flush(chunk, split, cfg, dedup, evals, out, counts)
-    _flush(chunk, split, cfg, dedup, evals, out, counts)
+            for done in runner.put(chunk):
+                _flush(done, split, cfg, dedup, evals, out, counts)
+            chunk = []
+    for done in runner.put(chunk, last=True):
+        _flush(done, split, cfg, dedup, evals, out, counts)
     if bad > MAX_LOGGED:
         log.warning("%s: %d more invalid UTF-8 lines dropped", part.name, bad - MAX_LOGGED)
     return counts
