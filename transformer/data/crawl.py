@@ -155,8 +155,8 @@ def script_ratio(text: str, letters: re.Pattern) -> float:
 
 
 PARALLEL_AFTER = 4 * 8192  # pairs of a part filtered in-process before workers take over
-# more workers than this outrun the one process that reads and normalises the pairs (~55k a
-# second on a 2-core EPYC against ~10k a worker), each holding torch and the model (~0.3 GB)
+# the one process that reads and normalises the pairs is the limit beyond 2-3 workers (~52k
+# pairs a second on a 2-core EPYC against ~26k a worker), and each holds torch and the model
 MAX_WORKERS = 4
 _worker: CrawlFilter | None = None
 
