@@ -2,6 +2,8 @@
 the same label for every line, the same decision for every pair, the same output files."""
 
 import collections
+import os
+import signal
 
 import pytest
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
@@ -70,3 +72,14 @@ def test_flag_only_keeps_every_pair(shared_data):
     with CrawlRunner(CrawlFilter(ALL, "en", "de"), counts, flag_only=True) as runner:
         assert next(runner.put(pairs, last=True)) == pairs
     assert sum(counts.values()) >= 1
+
+
+def test_a_killed_worker_stops_the_part_with_a_clear_error(shared_data):
+    pairs = crawl_lines(shared_data, 600)
+    counts = collections.Counter()
+    with CrawlRunner(CrawlFilter(ALL, "en", "de"), counts, workers=2, after=0) as runner:
+        list(runner.put(pairs[:300]))  # the pool started, this chunk in flight
+        for pid in list(runner.pool._processes):  # the workers, killed as the OOM killer would
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="worker process ended abruptly"):
+            list(runner.put(pairs[300:], last=True))

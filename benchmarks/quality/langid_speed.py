@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import time
 from pathlib import Path
 
 from benchmarks.common import SHARED
 from transformer.core.sections.download import CleanConfig
-from transformer.data.crawl import CrawlFilter, CrawlRunner
+from transformer.data.crawl import MAX_WORKERS, CrawlFilter, CrawlRunner, usable_cores
 
 CHUNK = 8192  # the download stage's chunk
 
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, default=SHARED / "data")
     parser.add_argument("--repeat", type=int, default=10, help="wmt-sample this many times over")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--workers", type=int, default=min(usable_cores(), MAX_WORKERS))
     args = parser.parse_args(argv)
     ws = args.data / "wmt-sample"
     sides = [(ws / f"train.tok.{lang}").read_text("utf-8").splitlines() for lang in ("en", "de")]

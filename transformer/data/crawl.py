@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Self
 
 from transformer.core.sections.download import CleanConfig
@@ -161,6 +162,14 @@ MAX_WORKERS = 4
 _worker: CrawlFilter | None = None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one, as under taskset
+    or a container's cpuset), else all of them."""
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _start_worker(cc: CleanConfig, langs: tuple[str, str]) -> None:
     global _worker
     import torch
@@ -195,7 +204,7 @@ class CrawlRunner:
     ) -> None:
         self.crawl, self.counts, self.flag_only = crawl, counts, flag_only
         self.seen, self.pool = 0, None
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
         self.workers = min(cores, MAX_WORKERS) if workers is None else workers
         self.after = after
         self.pending: collections.deque = collections.deque()
@@ -203,9 +212,15 @@ class CrawlRunner:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+    def __exit__(self, kind, *_) -> None:
+        if self.pool is None:
+            return
+        if kind is not None:  # an error (a dead worker, a bad line, Ctrl-C): chunks in flight
+            # are not waited for; the workers are ended, as a broken pool cannot do itself
+            # (Python 3.14's terminate_workers(); `_processes` until then)
+            for process in list((self.pool._processes or {}).values()):
+                process.terminate()
+        self.pool.shutdown(wait=kind is None, cancel_futures=True)
 
     def put(self, chunk: list, last: bool = False) -> Iterator[list]:
         """Hand over a chunk of pairs; yield the survivors of each chunk whose filtering is done,
@@ -218,13 +233,24 @@ class CrawlRunner:
             spawn = multiprocessing.get_context("spawn")
             init = (self.crawl.cc, self.crawl.langs)
             self.pool = ProcessPoolExecutor(self.workers, spawn, _start_worker, init)
+            for _ in range(self.workers):  # every worker started now: a pool that starts one
+                self.pool.submit(int)  # later, after another died, can hang in shutdown
         if self.pool is None:
             yield self.apply(chunk, self.crawl.reasons(chunk))
             return
-        self.pending.append((chunk, self.pool.submit(_worker_reasons, chunk)))
-        while self.pending and (last or len(self.pending) > 2 * self.workers):
-            done, reasons = self.pending.popleft()
-            yield self.apply(done, reasons.result())
+        try:  # a worker that died breaks the pool: seen at the next submit or result
+            self.pending.append((chunk, self.pool.submit(_worker_reasons, chunk)))
+            ready = []
+            while self.pending and (last or len(self.pending) > 2 * self.workers):
+                done, reasons = self.pending.popleft()
+                ready.append((done, reasons.result()))
+        except (BrokenProcessPool, OSError) as e:
+            raise RuntimeError(
+                "a crawl-filter worker process ended abruptly (killed, or out of memory?); "
+                "the stage wrote nothing: run it again"
+            ) from e
+        for done, found in ready:
+            yield self.apply(done, found)
 
     def apply(self, chunk: list, reasons: list[str | None]) -> list:
         """Count the rejects; the pairs that stay."""
