@@ -27,13 +27,14 @@ def deploy(
     cron: str = RETRAIN_CRON,
     preset: str = "demo",
     overrides: list[str] | None = None,
+    local_only: bool = False,
 ) -> list[str]:
     """Create or update every deployment on work pool `pool`; their names."""
     from prefect import Flow
 
     env = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(automations.HEARTBEAT_S)}
     names = []
-    for f, name, options in specs(cron, preset, overrides, project):
+    for f, name, options in specs(cron, preset, overrides, project, local_only):
         entry = f"{f.fn.__module__.replace('.', '/')}.py:{f.fn.__name__}"
         Flow.from_source(source=str(project), entrypoint=entry).deploy(
             name,
@@ -53,7 +54,10 @@ def deploy(
 
 def main(argv: list[str] | None = None) -> None:
     args = recipe_args(argv, "python -m flows.deploy", __doc__, ROOT)
-    for name in deploy(args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override):
+    found = deploy(
+        args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override, args.local_only
+    )
+    for name in found:
         print(f"deployment {name} on work pool {args.pool}")
 
 

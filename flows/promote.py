@@ -32,7 +32,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import lines, registry, significance
+from flows import lines, registry, significance, tags
 from flows.lineage import Unreadable
 from flows.locks import registry_lock
 from flows.shell import logger, read_section
@@ -106,6 +106,9 @@ def resolve_experiment(project: Path, experiment: str) -> str:
         ) from None
 
 
+TRIES = 5  # decisions against origin in a row before giving up (another machine kept winning)
+
+
 def decide(
     project: Path,
     commit: str,
@@ -114,17 +117,68 @@ def decide(
     trained: str | None = None,
     rules: significance.Rules | None = None,
     line: str | None = None,
+    local_only: bool = False,
 ) -> dict[str, Any]:
     """Gate the experiment at `commit` against line `line`'s champion (the only line's when
     None); promote it if it wins. `trained`: how the candidate was trained (a retrain's
     continuation, or why it fell back to scratch), kept in the decision's tag. `rules`: the
-    noise test's (retrain.alpha ...; its margin is `margin`)."""
-    line, _ = registry.artifact(project, line)
-    with registry_lock(project):  # lines decide one at a time: one git repository, one remote
-        return _decide(project, commit, margin, by, trained, rules, line)
+    noise test's (retrain.alpha ...; its margin is `margin`).
+
+    With a git remote `origin` (and not `local_only`) the decision is a transaction against it
+    (transaction()): origin's tags first, the package on the DVC remote before any production
+    tag, every tag pushed at once. A candidate whose package could not be published before
+    (an `unpublished` decision of the line) is decided again first."""
+    line, path = registry.artifact(project, line)
+    shared = not local_only and tags.has_remote(project)
+    once = transaction if shared else _decide
+    with registry_lock(project):  # lines decide one at a time here: one git repository
+        if shared:
+            sync(project, line)
+        for waiting in registry.unpublished(project, line):
+            # only where this clone holds the package (another machine's completes its own)
+            if waiting != commit and registry.cached(project, path, waiting):
+                once(project, waiting, margin, f"{by} (completing)", None, rules, line, [])
+        return once(project, commit, margin, by, trained, rules, line, [])
 
 
-def _decide(project, commit, margin, by, trained, rules, line) -> dict[str, Any]:
+def sync(project: Path, line: str) -> list[str]:
+    """tags.sync(), its failure a RegistryError: nothing is decided on a stale view."""
+    try:
+        return tags.sync(project, line)
+    except tags.TagPushError as e:
+        raise registry.RegistryError(f"line {line}: no decision made: {e}") from None
+
+
+def transaction(project, commit, margin, by, trained, rules, line, made) -> dict[str, Any]:
+    """_decide() against origin: sync its tags of the line, decide, push every new tag with
+    `git push --atomic`; decided again (from origin's new view) where another machine took a
+    name meanwhile, TRIES times. Fails closed, with nothing pushed and no local tag left, when
+    origin cannot be reached or holds a tag this clone holds otherwise."""
+    for attempt in range(1, TRIES + 1):
+        made = []
+        try:
+            pending = tags.sync(project, line)  # numbered from origin's view
+            out = _decide(project, commit, margin, by, trained, rules, line, made, shared=True)
+            tags.push_atomic(project, pending + made)
+            return out
+        except tags.Rejected as e:
+            tags.delete_local(project, made)
+            logger().warning("line %s: %s; deciding again (%d/%d)", line, e, attempt, TRIES)
+        except tags.TagPushError as e:  # unreachable, or a conflict: never decided on less
+            tags.delete_local(project, made)
+            raise registry.RegistryError(f"line {line}: no decision made: {e}") from None
+        except BaseException:
+            tags.delete_local(project, made)
+            raise
+    raise registry.RegistryError(
+        f"line {line}: {tags.REMOTE} took the decision's tag names {TRIES} times in a row "
+        "(other machines deciding the same line); run it again"
+    )
+
+
+def _decide(project, commit, margin, by, trained, rules, line, made, shared=False) -> dict:
+    """One decision in this clone's tags; the tags it made are appended to `made`. `shared`:
+    a decision for origin, so a package that cannot reach a DVC remote is not promoted."""
     registry.publish_pending(project)
     candidate = registry.record_at(project, commit)
     lost = None
@@ -156,26 +210,42 @@ def _decide(project, commit, margin, by, trained, rules, line) -> dict[str, Any]
         "gate": tested,  # every figure of the noise test: BLEU, chrF, deltas, p, resamples, seed
     }
     if promote:
-        summary = {
-            k: candidate.get(k)
-            for k in (
-                "bleu",
-                "chrf",
-                "bleu_signature",
-                "split",
-                "test_sha256",
-                "preset",
-                "overrides",
-            )
-        }
-        summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by, gate=tested)
-        out["version"] = registry.promote(project, commit, summary, reason, line)
-    verdict = f"promoted as {out['version']}" if promote else "refused"
+        out.update(publish(project, commit, line, reason, by, tested, candidate, made, shared))
+    verdict = f"promoted as {out['version']}" if out["promoted"] else "refused"
+    if out.get("unpublished"):
+        verdict = "not published"
     out["decision_tag"] = registry.record_decision(
-        project, commit, f"{verdict}: {reason}", decision_details(out, by, trained), line
+        project, commit, f"{verdict}: {out['reason']}", decision_details(out, by, trained), line
     )
-    logger().info("%s: %s", commit[:9], reason)
+    made.append(out["decision_tag"])
+    logger().info("%s: %s", commit[:9], out["reason"])
     return out
+
+
+def publish(project, commit, line, reason, by, tested, candidate, made, shared) -> dict:
+    """The winner's package to the DVC remote, checked there, then its version and production
+    tags (appended to `made`); where the package cannot be published, no tag: the decision
+    says why and stays `unpublished` until a later decision completes it."""
+    _, path = registry.artifact(project, line)
+    try:
+        if registry.push(project, path, commit) is None and shared:
+            raise registry.RegistryError(registry.NO_REMOTE)
+    except registry.RegistryError as e:
+        return {
+            "promoted": False,
+            "unpublished": str(e),
+            "reason": (
+                f"won the gate ({reason}), but its package is not on the DVC remote: {e}. No "
+                f"production tag was made; the next decision of {line} or `python -m "
+                "flows.registry publish` completes it"
+            ),
+        }
+    keys = ("bleu", "chrf", "bleu_signature", "split", "test_sha256", "preset", "overrides")
+    summary = {k: candidate.get(k) for k in keys}
+    summary.update(promoted_at=datetime.now(UTC).isoformat(), promoted_by=by, gate=tested)
+    version, new = registry.register(project, commit, summary, reason, line)
+    made.extend(new)
+    return {"version": version}
 
 
 def decision_details(out: dict[str, Any], by: str, trained: str | None = None) -> dict[str, Any]:
@@ -193,6 +263,7 @@ def decision_details(out: dict[str, Any], by: str, trained: str | None = None) -
         "champion_before": brief(out["champion_before"]),
         **({"gate": out["gate"]} if out.get("gate") else {}),
         **({"trained": trained} if trained else {}),
+        **({"unpublished": out["unpublished"]} if out.get("unpublished") else {}),
     }
 
 
@@ -310,10 +381,12 @@ def promote(
     margin: float | None = None,
     line: str | None = None,
     allow_margin_only: bool = False,
+    local_only: bool = False,
 ) -> dict[str, Any]:
     """Gate experiment `experiment` (name or revision) against its line's champion (`line`, or
     the line its run recorded); promote it if it beats the champion. `allow_margin_only`: as
-    retrain.allow_margin_only set for this decision."""
+    retrain.allow_margin_only set for this decision. `local_only`: decide in this clone's tags
+    without asking the git remote origin (a later `python -m flows.registry publish` pushes)."""
     root = Path(project).resolve()
     commit = resolve_experiment(root, experiment)
     found = line_of(root, commit, line)
@@ -322,7 +395,7 @@ def promote(
         rules = replace(rules, allow_margin_only=True)
     margin = rules.margin if margin is None else margin
     run = f"promote flow run {flow_run.get_id()}"
-    out = decide(root, commit, margin, run, rules=rules, line=found.name)
+    out = decide(root, commit, margin, run, rules=rules, line=found.name, local_only=local_only)
     create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
         report(out, f"Promote {experiment}"), key="promotion-decision", description=summary(out)
     )
@@ -354,6 +427,12 @@ def main(argv: list[str] | None = None) -> None:
         "(retrain.allow_margin_only; hypotheses kept but unreadable are refused regardless)",
     )
     parser.add_argument("--line", help="the line to gate it in (default: the one its run recorded)")
+    parser.add_argument(
+        "--local-only",
+        action="store_true",
+        help="decide in this clone's tags, without the git remote origin (default: a decision "
+        "is made against origin's tags and pushed there, all tags at once)",
+    )
     args = parser.parse_args(argv)
     try:
         # checked before the flow starts: a bad params.yaml or line is one line, not a failed run
@@ -363,7 +442,14 @@ def main(argv: list[str] | None = None) -> None:
         margin = (
             Rules.of({**section, **line.retrain}).margin if args.margin is None else args.margin
         )
-        out = promote(args.experiment, args.project, margin, line.name, args.allow_margin_only)
+        out = promote(
+            args.experiment,
+            args.project,
+            margin,
+            line.name,
+            args.allow_margin_only,
+            args.local_only,
+        )
     except (WorkspaceError, registry.RegistryError, ConfigError, lines.LineError) as e:
         sys.exit(f"error: {e}")
     print(

@@ -26,7 +26,7 @@ from gto.exceptions import ArtifactNotFound
 
 from flows import lines, tags
 from flows.dag import read_dag
-from flows.lineage import Snapshot, lineage
+from flows.lineage import DOWNLOAD, EVALUATE, Snapshot, lineage
 from flows.shell import logger
 from flows.workspace import git
 
@@ -117,40 +117,36 @@ def version_of(project: Path, commit: str, name: str | None = None) -> str | Non
     return versions(project, name).get(commit)
 
 
-def promote(
-    project: Path, commit: str, summary: dict[str, Any], reason: str, name: str | None = None
-) -> str:
-    """Register `commit` as line `name`'s next version, assign it the production stage, push
-    its data to the default DVC remote and its tags to `origin` (each where configured); the
-    new version."""
-    name, path = artifact(project, name)
-    message = json.dumps({"reason": reason, **summary}, default=str, sort_keys=True)
+def next_version(project: Path, name: str) -> str:
+    """The next major version of line `name` from the tags this clone has (origin's, once
+    tags.sync ran)."""
     known = versions(project, name)
     major = max((int(v.lstrip("v").split(".")[0]) for v in known.values()), default=0)
-    version = (
-        known.get(commit)
-        or gto.api.register(
+    return f"v{major + 1}.0.0"
+
+
+def register(
+    project: Path, commit: str, summary: dict[str, Any], reason: str, name: str | None = None
+) -> tuple[str, list[str]]:
+    """Register `commit` as line `name`'s next version and assign it the production stage, in
+    this clone's tags only (the decision pushes them, flows/promote.py); (the version, the tags
+    made). Its data must be on the DVC remote first (push())."""
+    name, _ = artifact(project, name)
+    message = json.dumps({"reason": reason, **summary}, default=str, sort_keys=True)
+    before = set(tags.line_tags(project, [name]))
+    version = versions(project, name).get(commit) or (
+        gto.api.register(
             str(project),
             name,
             commit,
-            version=f"v{major + 1}.0.0",
+            version=next_version(project, name),
             message=f"Registering {name}: {message}",
         ).version
     )
     gto.api.assign(
         str(project), name, STAGE, version=version, message=f"Promoting {name}: {message}"
     )
-    tags.push_line(project, name)
-    try:
-        push(project, path, commit)
-    except RegistryError as e:  # the version stands; its data follows with the next publish
-        logger().warning(
-            "%s is not published yet (%s): the next promotion, or `python -m flows.registry "
-            "publish`, publishes it",
-            version,
-            e,
-        )
-    return version
+    return version, sorted(set(tags.line_tags(project, [name])) - before)
 
 
 def default_remote(project: Path) -> tuple[str, dict[str, Any]] | None:
@@ -171,10 +167,10 @@ NO_REMOTE = (
 
 
 def push(project: Path, path: str, commit: str, tries: int = 3, delay_s: float = 5.0) -> int | None:
-    """The artifact's data at `commit` to the project's default DVC remote as configured now
-    (an older commit may predate it), tried `tries` times (a remote may be down a while); the
-    number of files uploaded (0: all there already), or None, with a warning, without a remote.
-    """
+    """The artifact's data at `commit`, and what the gate reads of it (gate_paths()), to the
+    project's default DVC remote as configured now (an older commit may predate it), tried
+    `tries` times (a remote may be down a while), then checked there; the number of files
+    uploaded (0: all there already), or None, with a warning, without a remote."""
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
@@ -183,12 +179,13 @@ def push(project: Path, path: str, commit: str, tries: int = 3, delay_s: float =
         logger().warning(NO_REMOTE)
         return None
     name, conf = remote
+    targets = [path, *gate_paths(project, commit)]
     for attempt in range(1, tries + 1):
         try:
             with Repo(str(project), remote=name, remote_config=conf) as repo:
-                n = repo.push(targets=[path], revs=[commit], workspace=False, remote=name)
+                n = push_checked(repo, targets, commit, name)
             break
-        except (DvcException, OSError) as e:  # DVC's errors; the file system's (a local remote)
+        except (DvcException, OSError, RegistryError) as e:  # DVC's; the file system's
             if attempt == tries:
                 raise RegistryError(f"pushing {path} of {commit[:9]} to {name!r}: {e}") from e
             logger().warning("pushing to %r failed (%s); trying again", name, e)
@@ -197,14 +194,62 @@ def push(project: Path, path: str, commit: str, tries: int = 3, delay_s: float =
     return n
 
 
-def publish(project: Path) -> dict[str, dict[str, int]]:
-    """Every line's registered versions' data to the default DVC remote (what a promotion
-    without a remote, or with the remote down, left behind); {line: {version: files uploaded}}.
-    """
+def push_checked(repo: Any, targets: list[str], commit: str, name: str) -> int:
+    """`dvc push` of `targets` at `commit`, then the remote itself asked for each file: a
+    promotion trusts no push it has not seen land. What DVC's push skipped (its index of the
+    remote can believe, after a failed push, that files are there) is sent object by object;
+    RegistryError if anything is still missing."""
+    n = repo.push(targets=targets, revs=[commit], workspace=False, remote=name)
+    used = repo.used_objs(targets=targets, revs=[commit], remote=name, force=True)
+    objs = set().union(*used.values())
+    status = repo.cloud.status(objs, remote=name)
+    if lost := {*status.missing, *status.new}:
+        n += len(repo.cloud.push(lost, remote=name).transferred)
+        status = repo.cloud.status(objs, remote=name)
+        if lost := {h.value for h in (*status.missing, *status.new)}:
+            raise RegistryError(
+                f"{len(lost)} file(s) still missing on the DVC remote {name!r} after the push "
+                f"({', '.join(sorted(lost)[:3])}...)"
+            )
+    return n
+
+
+def gate_paths(project: Path, commit: str) -> list[str]:
+    """What another machine's gate reads of the experiment at `commit` besides the package:
+    every stage's metrics, the evaluate stage's hypotheses and the download stage's references
+    (DVC-tracked; checkpoints and shards stay on the machine that trained)."""
+    dag = read_dag(project, rev=commit)
+    uncached = {p for s in dag.values() for p in s.uncached}
+    found = [m for s in dag.values() for m in s.metrics]
+    for name in (EVALUATE, DOWNLOAD):
+        found += list(dag[name].outs) if name in dag else []
+    return [p for p in dict.fromkeys(found) if p not in uncached]
+
+
+def cached(project: Path, path: str, commit: str) -> bool:
+    """Whether this clone's DVC cache holds all of `path` at `commit` (so it can publish it)."""
+    from dvc.repo import Repo
+
+    with Repo(str(project)) as repo:
+        try:
+            targets = [path, *gate_paths(project, commit)]
+            used = repo.used_objs(targets=targets, revs=[commit], force=True)
+        except Exception:  # noqa: BLE001 (DVC's many errors: nothing to publish from here)
+            return False
+        return all(repo.cache.local.exists(h.value) for h in set().union(*used.values()))
+
+
+def publish(project: Path) -> dict[str, dict[str, int | None]]:
+    """Every line's registered versions' data that this clone holds to the default DVC remote
+    (what a promotion without a remote, or with the remote down, left behind); {line: {version:
+    files uploaded, None where this clone's cache lacks it (another machine made it)}}."""
     if default_remote(project) is None:
         raise RegistryError(NO_REMOTE)
     return {
-        x.name: {v: push(project, x.path, c) or 0 for c, v in versions(project, x.name).items()}
+        x.name: {
+            v: (push(project, x.path, c) or 0) if cached(project, x.path, c) else None
+            for c, v in versions(project, x.name).items()
+        }
         for x in lines.read(Path(project))
     }
 
@@ -220,24 +265,21 @@ def publish_pending(project: Path) -> None:
         logger().warning("%s; the next promotion decision tries again", e)
 
 
-DECISIONS = "decision/{name}/"  # the tag prefix of every promotion decision of artifact `name`
-
-
 def record_decision(
     project: Path, commit: str, verdict: str, details: dict[str, Any], name: str | None = None
 ) -> str:
-    """An annotated tag `decision/NAME/NNNN` on the candidate's commit: the candidate and the
-    verdict on its first line, `details` (JSON) below, pushed to `origin` where there is one.
-    GTO's tags record promotions only; these record refusals too, so `git tag -n` tells the
-    registry's whole history. The tag's name."""
+    """An annotated tag `decision/NAME/NNNN` on the candidate's commit, in this clone (the
+    decision pushes it, flows/promote.py): the candidate and the verdict on its first line,
+    `details` (JSON) below. GTO's tags record promotions only; these record refusals too, so
+    `git tag -n` tells the registry's whole history. The tag's name."""
     name, _ = artifact(project, name)
-    prefix = DECISIONS.format(name=name)
-    n = len(Snapshot(project).git("tag", "--list", prefix + "*").split()) + 1
+    prefix = tags.DECISIONS.format(name=name)
+    numbers = [t.removeprefix(prefix) for t in tags.line_tags(project, [name])]
+    n = max((int(x) for x in numbers if x.isdigit()), default=0) + 1
     tag = f"{prefix}{n:04d}"
     who = (details.get("candidate") or {}).get("experiment") or commit[:9]
     body = json.dumps({"verdict": verdict, **details}, default=str, sort_keys=True, indent=1)
     git("tag", "-a", tag, commit, "-m", f"{name}: {who} {verdict}\n\n{body}", cwd=project)
-    tags.push_line(project, name)
     return tag
 
 
@@ -250,7 +292,7 @@ def decision_tags(project: Path, name: str | None = None) -> list[dict[str, Any]
         "for-each-ref",
         "--sort=refname",
         "--format=%(refname:short)%00%(*objectname)%00%(contents)%1e",
-        "refs/tags/" + DECISIONS.format(name=name),
+        "refs/tags/" + tags.DECISIONS.format(name=name),
     )
     out = []
     for entry in filter(str.strip, listing.split("\x1e")):
@@ -263,6 +305,37 @@ def decision_tags(project: Path, name: str | None = None) -> list[dict[str, Any]
         verdict = details.pop("verdict", None) or subject.removeprefix(f"{name}: ")
         out.append({"tag": tag, "commit": commit, "verdict": verdict, "line": name, **details})
     return out
+
+
+def complete(project: Path) -> list[dict[str, Any]]:
+    """Decide again every candidate whose package could not be published when it won
+    (unpublished()) and that this clone holds: the decisions."""
+    from flows import promote  # the gate; it imports this module
+
+    out = []
+    for x in lines.read(Path(project)):
+        for commit in unpublished(project, x.name):
+            if cached(project, x.path, commit):
+                rules = promote.line_rules(Path(project), x)
+                out.append(
+                    promote.decide(
+                        Path(project),
+                        commit,
+                        rules.margin,
+                        "flows.registry publish",
+                        rules=rules,
+                        line=x.name,
+                    )
+                )
+    return out
+
+
+def unpublished(project: Path, name: str | None = None) -> list[str]:
+    """The commits of line `name` whose latest decision won the gate but could not publish the
+    package (no production tag was made): the line's next decision, or `python -m
+    flows.registry publish`, decides them again."""
+    last = {d["commit"]: d for d in decision_tags(project, name)}
+    return [commit for commit, d in last.items() if d.get("unpublished")]
 
 
 def decisions(project: Path, name: str | None = None) -> dict[str, list[str]]:
@@ -280,8 +353,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m flows.registry",
         description="publish: push every line's registered versions that the default DVC "
-        "remote lacks (a promotion made without a remote, or while it was down), and the "
-        "registry's tags that the git remote origin lacks.",
+        "remote lacks (a promotion made without a remote, or while it was down), decide again "
+        "each candidate that won the gate while its package could not be published, and push "
+        "the registry's tags that the git remote origin lacks.",
     )
     parser.add_argument("command", choices=["publish"])
     parser.add_argument("--project", type=Path, default=Path("."), help="default: .")
@@ -289,13 +363,28 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         done = publish(args.project)
+        completed = complete(args.project)
         pushed = tags.push_all(args.project, [x.name for x in lines.read(args.project)])
     except (RegistryError, lines.LineError, tags.TagPushError) as e:
         sys.exit(f"error: {e}")
+    for out in completed:
+        verdict = f"promoted as {out['version']}" if out["promoted"] else "not promoted"
+        print(
+            f"{out['line']}: {out['candidate'].get('experiment_commit', '')[:9]} {verdict}: "
+            f"{out['reason']}"
+        )
     remote = default_remote(args.project)[0]  # publish() checked there is one
     for name, found in done.items():
         for commit, version in versions(args.project, name).items():
+            if version not in found:  # registered just now by complete(), printed below
+                continue
             n = found[version]
+            if n is None:
+                print(
+                    f"{name}@{version}: not in this clone's DVC cache (the machine that made "
+                    "it publishes it)"
+                )
+                continue
             state = "published" if n else "on the remote already"
             print(f"{name}@{version}: {state} ({n} files uploaded)")
             if remote not in (Snapshot(args.project, commit).text(".dvc/config") or ""):

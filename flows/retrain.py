@@ -34,11 +34,11 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import lineage, lines, registry
+from flows import lineage, lines, registry, tags
 from flows.dag import Stage, read_dag
 from flows.locks import workspace_lock
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
-from flows.promote import decide, report, summary
+from flows.promote import decide, report, summary, sync
 from flows.shell import apply_params, logger, read_section, run
 from flows.significance import Rules
 from transformer.core.layout import TOKENIZER
@@ -198,6 +198,7 @@ def retrain(
     download_retries: int = 3,
     retry_delay_s: float = 10.0,
     line: str | None = None,
+    local_only: bool = False,
 ) -> dict[str, Any]:
     """Retrain line `line`'s recipe when its data, code or params changed since the line's
     champion; promote the candidate only if it passes the gate. Returns the decision and why.
@@ -210,6 +211,8 @@ def retrain(
     found = lines.get(root, line)  # a bad declaration stops here, before any run
     line = found.name
     preset, overrides = recipe(found, preset, overrides)
+    if not local_only and tags.has_remote(root):  # the champion as origin knows it
+        sync(root, line)
     key = line if found.declared else None  # an undeclared single artifact: today's workspace
     with workspace_lock(root, key):
         start_attempt()
@@ -266,6 +269,7 @@ def retrain(
                     trained=start.why,
                     rules=rules,
                     line=line,
+                    local_only=local_only,
                 )
             )
             out["parent"] = start.parent

@@ -49,15 +49,21 @@ def specs(
     preset: str = "demo",
     overrides: list[str] | None = None,
     project: Path = Path("."),
+    local_only: bool = False,
 ) -> list[tuple[Any, str, dict[str, Any]]]:
     """(flow, deployment name, deployment options) of each deployment; deploy.py's too. The
-    project's lines are read (and checked: lines.LineError) here, before anything runs."""
-    return [
+    project's lines are read (and checked: lines.LineError) here, before anything runs.
+    `local_only`: the retrain and promote runs decide without the git remote origin."""
+    out = [
         (pipeline, "demo", {"parameters": {"preset": "demo"}}),
         (pipeline, "wmt14-en-de-base", {"parameters": {"preset": "wmt14-en-de-base"}}),
         *retrain_specs(lines.read(Path(project)), cron, preset, overrides),
         (promote, "promote", {}),
     ]
+    for f, _, options in out if local_only else ():
+        if f is not pipeline:
+            options.setdefault("parameters", {})["local_only"] = True
+    return out
 
 
 def retrain_specs(
@@ -94,13 +100,16 @@ def retrain_specs(
 
 
 def deployments(
-    cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
+    cron: str = RETRAIN_CRON,
+    preset: str = "demo",
+    overrides: list[str] | None = None,
+    local_only: bool = False,
 ) -> list:
     """The deployments this process serves, its flows imported by module path."""
     tags = [project_tag(Path.cwd())]  # the flows run in this checkout (project ".")
     return [
         f.to_deployment(name, entrypoint_type=EntrypointType.MODULE_PATH, tags=tags, **options)
-        for f, name, options in specs(cron, preset, overrides)
+        for f, name, options in specs(cron, preset, overrides, local_only=local_only)
     ]
 
 
@@ -119,8 +128,9 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--local-only",
         action="store_true",
-        help="serve retrain and promote without a default DVC remote: the champion stays in "
-        "this machine's DVC cache until `python -m flows.registry publish`",
+        help="serve retrain and promote without a default DVC remote and without deciding "
+        "against the git remote origin: the champion stays in this machine's tags and DVC "
+        "cache until `python -m flows.registry publish`",
     )
     parser.add_argument(
         "--retrain-override",
@@ -177,12 +187,13 @@ def main(argv: list[str] | None = None) -> None:
             "publish`",
             flush=True,
         )
-    for f, name, options in specs(args.cron, args.retrain_preset, args.retrain_override):
+    found = specs(args.cron, args.retrain_preset, args.retrain_override, local_only=args.local_only)
+    for f, name, options in found:
         if f is retrain:
             when = options.get("cron") or getattr(options.get("schedule"), "cron", None)
             print(f"retrain/{name}: " + json.dumps({**options["parameters"], "schedule": when}))
     serve(
-        *deployments(args.cron, args.retrain_preset, args.retrain_override),
+        *deployments(args.cron, args.retrain_preset, args.retrain_override, args.local_only),
         heartbeat_seconds=automations.HEARTBEAT_S,
     )
 
