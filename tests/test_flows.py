@@ -775,8 +775,9 @@ def test_lineage_carries_the_origin_the_train_stage_recorded(tmp_path):
 def test_the_next_decision_publishes_what_a_down_remote_missed(
     toy: Path, prefect_server: dict, tmp_path: Path
 ) -> None:
-    """The remote is unreachable when a version is promoted: the version stands, its push is
-    tried again by the next promotion decision, and then any clone fetches it."""
+    """The remote is unreachable when a candidate wins the gate: no version, no production tag,
+    the decision says why; the next decision publishes it and promotes it, then any clone
+    fetches it."""
     env = {**prefect_server, "TOY_CORPUS": str(toy.parent / "corpus"), "PYTHONPATH": str(toy)}
     (tmp_path / "down").write_text("a file where the remote's folder should be\n")
     sh(*DVC, "remote", "add", "-d", "store", str(tmp_path / "down" / "remote"), cwd=toy)
@@ -784,14 +785,15 @@ def test_the_next_decision_publishes_what_a_down_remote_missed(
     sh(*DVC, "exp", "run", "-n", "while-down", "-S", "train.max_steps=40", cwd=toy, env=env)
 
     first = promote_cli("while-down", toy, env)
-    assert first.returncode == 0 and "promoted as v1.0.0" in first.stdout, first.stderr
-    assert "v1.0.0 is not published yet" in first.stdout + first.stderr
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert "won the gate (no champion yet), but its package is not on the DVC remote" in (
+        first.stdout
+    )
+    assert not sh("git", "tag", "--list", "*@*", "*#*", cwd=toy)  # no version, no stage
     sh(*DVC, "remote", "modify", "store", "url", str(tmp_path / "remote"), cwd=toy)
     sh("git", "commit", "-qm", "the remote's new home", ".dvc/config", cwd=toy)
-    again = promote_cli(
-        "while-down", toy, env
-    )  # the gate refuses (the champion already); its publishing catches up
-    assert again.returncode == 3 and "the champion already" in again.stdout, again.stderr
+    again = promote_cli("while-down", toy, env)
+    assert again.returncode == 0 and "promoted as v1.0.0" in again.stdout, again.stderr
     assert "v1.0.0: on the remote already" in sh(
         sys.executable, "-m", "flows.registry", "publish", cwd=toy, env=env
     )
