@@ -200,8 +200,7 @@ def push_checked(repo: Any, targets: list[str], commit: str, name: str) -> int:
     remote can believe, after a failed push, that files are there) is sent object by object;
     RegistryError if anything is still missing."""
     n = repo.push(targets=targets, revs=[commit], workspace=False, remote=name)
-    used = repo.used_objs(targets=targets, revs=[commit], remote=name, force=True)
-    objs = set().union(*used.values())
+    objs = used(repo, targets, commit, name)
     status = repo.cloud.status(objs, remote=name)
     if lost := {*status.missing, *status.new}:
         n += len(repo.cloud.push(lost, remote=name).transferred)
@@ -212,6 +211,16 @@ def push_checked(repo: Any, targets: list[str], commit: str, name: str) -> int:
                 f"({', '.join(sorted(lost)[:3])}...)"
             )
     return n
+
+
+def used(repo: Any, targets: list[str], commit: str, remote: str | None = None) -> set:
+    """The DVC objects (files and directory listings) of `targets` at `commit`, that commit
+    alone (DVC's Repo.used_objs adds the workspace, which may lack them)."""
+    out: set = set()
+    for _ in repo.brancher(revs=[commit], workspace=False):
+        for objs in repo.index.used_objs(targets, remote=remote, force=True).values():
+            out |= objs
+    return out
 
 
 def gate_paths(project: Path, commit: str) -> list[str]:
@@ -232,11 +241,10 @@ def cached(project: Path, path: str, commit: str) -> bool:
 
     with Repo(str(project)) as repo:
         try:
-            targets = [path, *gate_paths(project, commit)]
-            used = repo.used_objs(targets=targets, revs=[commit], force=True)
+            objs = used(repo, [path, *gate_paths(project, commit)], commit)
         except Exception:  # noqa: BLE001 (DVC's many errors: nothing to publish from here)
             return False
-        return all(repo.cache.local.exists(h.value) for h in set().union(*used.values()))
+        return all(repo.cache.local.exists(h.value) for h in objs)
 
 
 def publish(project: Path) -> dict[str, dict[str, int | None]]:
