@@ -461,6 +461,20 @@ def test_promote_counts_its_attempts(prefect_server: dict, tmp_path: Path) -> No
         state.result()
 
 
+def test_every_served_flow_is_rescheduled_and_counts_its_attempts() -> None:
+    """The flows `flows.serve` deploys are those the retry automation watches, and each one
+    bounds its attempts (a flow added to serve.py without either would fail here)."""
+    import inspect
+
+    from flows.automations import FLOWS
+    from flows.serve import specs
+
+    served_flows = {f.name: f for f, _, _ in specs(project=Path(__file__).parents[1])}
+    assert set(served_flows) == set(FLOWS)
+    for name, f in served_flows.items():
+        assert "start_attempt()" in inspect.getsource(f.fn), name
+
+
 def test_a_crashing_promote_run_is_not_rescheduled_past_the_attempt_limit(
     prefect_server: dict,
 ) -> None:

@@ -107,6 +107,9 @@ def test_a_train_stage_outlives_a_server_restart(tmp_path: Path) -> None:
         "TOY_STARTED": str(started),
         "TOY_TRAIN_S": "6",  # the bar is read every 0.1 s meanwhile
         "FLOWS_PROGRESS_EVERY_S": "0.1",
+        # the engine's client waits out the restart however slow (8 retries: 2 + 4 + ... + 256
+        # s), so the stage's end meets the server back: Prefect's default gives up after ~62 s
+        "PREFECT_CLIENT_MAX_RETRIES": "8",
     }
     popen = {"cwd": toy, "env": env, "stderr": subprocess.STDOUT, "text": True}
     with server_process(home, port):
