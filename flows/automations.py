@@ -8,7 +8,9 @@
 2. Retries. A crashed run of this project's flows is rescheduled (AwaitingRetry, the state the
    UI's Retry button sets). The next process serving its deployment picks it up; the flow
    resumes in its run workspace (DVC skips finished stages, training continues from its newest
-   checkpoint) and gives up after pipeline.MAX_ATTEMPTS attempts.
+   checkpoint). The bound is the automation's own: it matches a crash only on attempts 1 to
+   pipeline.MAX_ATTEMPTS - 1 (the event's run count), so the crash of the last attempt stays
+   Crashed, whichever flow it was; each flow's start_attempt() also gives up past the bound.
 
     python -m flows.automations        # what serve.py does at start; a worker setup runs this once
 """
@@ -23,9 +25,14 @@ from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
+from flows.pipeline import MAX_ATTEMPTS
+
 HEARTBEAT_S = 30  # Prefect's minimum; each flow run process sends one this often
 MISSED = 3  # heartbeats missed before a run counts as dead
-FLOWS = ("pipeline", "retrain", "promote")
+FLOWS = ("pipeline", "retrain", "promote")  # each calls pipeline.start_attempt() first
+# the attempts whose crash is rescheduled: all but the last (a run that crashed before it ever
+# ran, run count 0, is not: its next try would not run either)
+RESCHEDULED = [str(n) for n in range(1, MAX_ATTEMPTS)]
 TERMINAL = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
 
 
@@ -56,10 +63,15 @@ def zombies(heartbeat_s: int = HEARTBEAT_S) -> Automation:
 def retries() -> Automation:
     return Automation(
         name="transformer-pipeline: retry crashed runs",
-        description="A crashed run of the pipeline, retrain or promote flows is rescheduled.",
+        description=(
+            "A crashed run of the pipeline, retrain or promote flows is rescheduled, "
+            f"up to its attempt {MAX_ATTEMPTS}."
+        ),
         trigger=EventTrigger(
             expect={"prefect.flow-run.Crashed"},
-            match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            match=ResourceSpecification(
+                {"prefect.resource.id": ["prefect.flow-run.*"], "prefect.run-count": RESCHEDULED}
+            ),
             match_related=ResourceSpecification(
                 {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)}
             ),

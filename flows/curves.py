@@ -15,6 +15,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
+from flows.artifacts import written
 from flows.dag import Stage
 from flows.shell import logger
 from transformer.core import curves
@@ -115,5 +116,5 @@ def publish_curves(
         logger().warning("training curves: not drawn (%s: %s)", type(e).__name__, e)
         pictures = {}
     text = markdown(experiment, pictures, changing(ws, dag), champion)
-    create_markdown_artifact(text, key="training-curves")
+    written(create_markdown_artifact, text, key="training-curves")
     return text

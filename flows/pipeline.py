@@ -25,6 +25,7 @@ from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
 from flows import lineage, progress, workspace
+from flows.artifacts import written
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
 from flows.locks import experiments_lock, workspace_lock
@@ -236,7 +237,8 @@ def publish(
     """The lineage table artifact and the training curves' (with `champion`'s beside)."""
     rows = [{"field": k, "value": str(v)} for k, v in record.items()]
     bleu = record.get("bleu")
-    create_table_artifact(  # its description is what `python -m flows.run --wait` prints
+    written(  # its description is what `python -m flows.run --wait` prints
+        create_table_artifact,
         rows,
         key="lineage",
         description=(

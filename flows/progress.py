@@ -4,6 +4,8 @@ page) of the fraction of max_steps, or of the time budget, done.
 It reads what the stage writes anyway: dvclive's metrics.json (its `step` and `train.seconds`
 after each log point), at most once every EVERY_S, from a thread beside the task's wait for
 `dvc repro`. The stage and its log are as they were; the bar ends at 100% when the stage does.
+A Prefect API error on the bar is a warning (flows/artifacts.py): the stage goes on, and the bar
+takes the next read once the server answers again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flows.artifacts import written
 from flows.shell import logger, read_section
 
 TRAIN = "train"  # dvc.yaml: the stage whose progress is shown
@@ -71,8 +74,14 @@ def shown(ws: Path, stage: str) -> Iterator[None]:
     what = " and ".join(
         [f"{max_steps} steps"] * (max_steps > 0) + [f"{budget_s / 60:g} min"] * (budget_s > 0)
     )
-    art = create_progress_artifact(0.0, key=KEY, description=f"train stage: of {what}")
+    art = written(create_progress_artifact, 0.0, key=KEY, description=f"train stage: of {what}")
+    if art is None:  # the server did not take it: the stage runs without a bar
+        yield
+        return
     stop, since, path = threading.Event(), time.time(), Path(ws) / metrics[0]
+    # the task's logger: the thread has no run context of its own (nor the engine's client, so
+    # an update fails at once while the server is down, instead of holding the stage's end)
+    log = logger()
 
     def watch() -> None:
         last = 0.0
@@ -80,11 +89,8 @@ def shown(ws: Path, stage: str) -> Iterator[None]:
             m = read_metrics(path, since)
             if m is None or (done := 100.0 * fraction(m, max_steps, budget_s)) <= last:
                 continue
-            try:
-                update_progress_artifact(art, done)
-                last = done
-            except Exception as e:  # noqa: BLE001 (a server hiccup: the next read retries)
-                logger().debug("train progress not updated: %s", e)
+            if written(update_progress_artifact, art, done, log=log) is not None:
+                last = done  # else the next read tries again: the bar resumes with the server
 
     thread = threading.Thread(target=watch, name="train-progress", daemon=True)
     thread.start()
@@ -93,4 +99,4 @@ def shown(ws: Path, stage: str) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
-    update_progress_artifact(art, 100.0)  # reached only when the stage ended well
+    written(update_progress_artifact, art, 100.0)  # reached only when the stage ended well

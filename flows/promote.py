@@ -33,8 +33,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import lines, registry, significance, tags
+from flows.artifacts import written
 from flows.lineage import Unreadable
 from flows.locks import registry_lock
+from flows.pipeline import start_attempt
 from flows.shell import logger, read_section
 from flows.significance import Rules
 from flows.workspace import WorkspaceError, git
@@ -387,6 +389,7 @@ def promote(
     the line its run recorded); promote it if it beats the champion. `allow_margin_only`: as
     retrain.allow_margin_only set for this decision. `local_only`: decide in this clone's tags
     without asking the git remote origin (a later `python -m flows.registry publish` pushes)."""
+    start_attempt()  # a crashed decision is rescheduled, a bounded number of times
     root = Path(project).resolve()
     commit = resolve_experiment(root, experiment)
     found = line_of(root, commit, line)
@@ -396,8 +399,11 @@ def promote(
     margin = rules.margin if margin is None else margin
     run = f"promote flow run {flow_run.get_id()}"
     out = decide(root, commit, margin, run, rules=rules, line=found.name, local_only=local_only)
-    create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
-        report(out, f"Promote {experiment}"), key="promotion-decision", description=summary(out)
+    written(  # its description is what `python -m flows.run --wait` prints
+        create_markdown_artifact,
+        report(out, f"Promote {experiment}"),
+        key="promotion-decision",
+        description=summary(out),
     )
     return out
 

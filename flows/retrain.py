@@ -35,6 +35,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from flows import lineage, lines, registry, tags
+from flows.artifacts import written
 from flows.dag import Stage, read_dag
 from flows.locks import workspace_lock
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
@@ -277,7 +278,8 @@ def retrain(
             out["trained"] = start.why
             out["reason"] = f"{', '.join(changed)} changed; trained {start.why}; {out['reason']}"
     logger().info("retrain: %s", out["reason"])
-    create_markdown_artifact(  # its description is what `python -m flows.run --wait` prints
+    written(  # its description is what `python -m flows.run --wait` prints
+        create_markdown_artifact,
         report(out, "Retrain"),
         key="retrain-decision",
         description=summary(out) if out["retrained"] else out["reason"],

@@ -2,7 +2,7 @@
 
     python -m flows.run DEPLOYMENT [-p KEY=VALUE ...] [--wait] [--timeout S]
     python -m flows.run pipeline/demo -p 'overrides=["train.max_steps=100"]' --wait
-    python -m flows.run retrain/retrain --wait || mail -s "retrain failed" me < /dev/null
+    python -m flows.run retrain/en-de --wait || mail -s "retrain failed" me < /dev/null
 
 A value is read as JSON where it parses (a list, a number), else as a string. With --wait it
 prints each state the run passes through and each stage (a task run, its subflows' included) as
@@ -12,10 +12,13 @@ champion that no DVC remote holds), then the final state and, for a failure, its
 stage and its own error line. A crash is not the end: the automation "retry crashed runs" reschedules the run and
 the next serving process resumes it, so --wait follows it through its retries and reads a
 Crashed state as final only once it has stayed so for --crash-grace seconds (the run gave up, or
-nothing reschedules it). A lost connection to the server is retried, not fatal.
+nothing reschedules it). A lost connection to the server is retried, not fatal, for up to
+--server-grace seconds (default 300) in a row; past that it gives up, naming the server's URL.
 
 Exit status: 0 Completed, 1 Failed, 2 Crashed, 3 Cancelled, 4 not finished at --timeout, 5 the
-run could not be started (no such deployment, a bad parameter).
+run could not be started (no such deployment: the error lists those there are; a bad
+parameter), 6 the Prefect server did not answer for --server-grace seconds (the run, if it was
+started, goes on without this command).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 EXIT = {"COMPLETED": 0, "FAILED": 1, "CRASHED": 2, "CANCELLED": 3}
-TIMEOUT, NOT_STARTED = 4, 5
+TIMEOUT, NOT_STARTED, UNREACHABLE = 4, 5, 6
+SERVER_GRACE_S = 300.0  # a server restart takes seconds; minutes of silence is an outage
 
 
 def parameter(text: str) -> tuple[str, Any]:
@@ -133,26 +138,70 @@ def settled_outcome(client, run, rounds: int = 3) -> list[str]:
     return lines
 
 
-def follow(run_id, crash_grace_s: float, timeout_s: float | None, every_s: float = 2.0) -> int:
-    """Print the run's progress until it ends; its exit status (EXIT, or TIMEOUT)."""
+class Unreachable(Exception):
+    """The Prefect server did not answer for server_grace_s seconds in a row."""
+
+
+@contextlib.contextmanager
+def own_retries() -> Iterator[None]:
+    """Prefect's client calls without their own retries (up to a minute of backoff per call
+    once connected): this command's loops retry, so that --server-grace bounds the wait."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
+        yield
+
+
+def server_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or "(PREFECT_API_URL not set)"
+
+
+def silent(since: float | None, grace_s: float, e: Exception) -> float:
+    """When the server's silence began (`since`, or now); Unreachable once it lasted grace_s."""
+    since = since or time.monotonic()
+    if time.monotonic() - since >= grace_s:
+        raise Unreachable(
+            f"the Prefect server at {server_url()} did not answer for {grace_s:g} s "
+            f"({type(e).__name__}: {e})"
+        ) from e
+    say(f"the Prefect server did not answer ({e}); trying again")
+    return since
+
+
+def follow(
+    run_id,
+    crash_grace_s: float,
+    timeout_s: float | None,
+    every_s: float = 2.0,
+    server_grace_s: float = SERVER_GRACE_S,
+) -> int:
+    """Print the run's progress until it ends; its exit status (EXIT, TIMEOUT, or UNREACHABLE
+    once the server has not answered for `server_grace_s`)."""
     import httpx
     from prefect.client.orchestration import get_client
 
     follower = Follower(run_id)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    crashed_since, state = None, "unknown (the server did not answer)"
+    crashed_since, silent_since, state = None, None, "unknown (the server did not answer)"
     # one client for the whole wait: a new one costs ~50 ms of CPU and asks the server for its
     # version, which polling would pay every round; after an error httpx connects again
-    with contextlib.ExitStack() as open_client:
+    with own_retries(), contextlib.ExitStack() as open_client:
         client = None
         while deadline is None or time.monotonic() < deadline:
             try:
                 client = client or open_client.enter_context(get_client(sync_client=True))
                 run = follower.poll(client)
             except (httpx.HTTPError, OSError) as e:  # the server restarting: not the run's end
-                say(f"the Prefect server did not answer ({e}); trying again")
+                try:
+                    silent_since = silent(silent_since, server_grace_s, e)
+                except Unreachable as gone:
+                    say(f"error: {gone}; stopped following run {run_id}, last seen {state}")
+                    return UNREACHABLE
                 time.sleep(every_s * 5)
                 continue
+            silent_since = None
             kind, state = run.state.type.value, run.state.name
             if kind == "CRASHED":
                 crashed_since = crashed_since or time.monotonic()
@@ -185,11 +234,44 @@ def ended(client, run, follower: Follower) -> int:
     return EXIT[kind]
 
 
-def start(deployment: str, parameters: dict[str, Any]):
-    """A new flow run of `deployment` (as `prefect deployment run` makes it)."""
-    from prefect.deployments import run_deployment
+class NoDeployment(Exception):
+    """No deployment of that name: the message lists those the server has."""
 
-    return run_deployment(deployment, parameters=parameters, timeout=0)
+    def __init__(self, name: str, known: list[str]):
+        there = ", ".join(known) or "none (is `python -m flows.serve` running?)"
+        super().__init__(f"no deployment {name!r} on {server_url()}; deployments: {there}")
+
+
+def start(deployment: str, parameters: dict[str, Any], server_grace_s: float = SERVER_GRACE_S):
+    """A new flow run of `deployment` (as `prefect deployment run` makes it). A refused
+    connection is tried again for up to `server_grace_s` (no request reached the server, so
+    no run is made twice); then Unreachable. NoDeployment where the server has no such one."""
+    import httpx
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    silent_since = None
+    while True:
+        try:
+            return run_deployment(deployment, parameters=parameters, timeout=0)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            silent_since = silent(silent_since, server_grace_s, e)
+            time.sleep(min(10.0, server_grace_s / 5))
+        except (ObjectNotFound, ValueError) as e:  # ValueError: no "/" in the name
+            if isinstance(e, ObjectNotFound) or "/" not in deployment:
+                raise NoDeployment(deployment, deployments()) from e
+            raise
+
+
+def deployments() -> list[str]:
+    """FLOW/DEPLOYMENT of each deployment on the server, sorted."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        flow_names = {f.id: f.name for f in client.read_flows()}
+        return sorted(
+            f"{flow_names.get(d.flow_id, '?')}/{d.name}" for d in client.read_deployments()
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -211,18 +293,38 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds a Crashed run may wait for its retry (default 180)",
     )
     parser.add_argument("--timeout", type=float, metavar="S", help="give up waiting after S s")
+    parser.add_argument(
+        "--server-grace",
+        type=float,
+        default=SERVER_GRACE_S,
+        metavar="S",
+        help=f"seconds the Prefect server may stay unreachable before this gives up, exit "
+        f"{UNREACHABLE} (default {SERVER_GRACE_S:g})",
+    )
     args = parser.parse_args(argv)
-    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
 
     try:
-        run = start(args.deployment, dict(args.param))
-    except (ObjectNotFound, PrefectHTTPStatusError, ValueError) as e:  # no such deployment,
-        # or a parameter its flow does not take
+        run = start(args.deployment, dict(args.param), args.server_grace)
+    except NoDeployment as e:
+        say(f"error: {e}")
+        sys.exit(NOT_STARTED)
+    except (PrefectHTTPStatusError, ValueError) as e:  # a parameter its flow does not take
         say(f"error: could not start a run of {args.deployment}: {e}")
         sys.exit(NOT_STARTED)
+    except Unreachable as e:
+        say(f"error: {e}: no run started")
+        sys.exit(UNREACHABLE)
+    except httpx.HTTPError as e:  # the connection failed mid-request: the run may exist
+        say(
+            f"error: the Prefect server at {server_url()} failed mid-request ({e}): a run may "
+            "have started (`prefect flow-run ls` lists them)"
+        )
+        sys.exit(UNREACHABLE)
     say(f"started flow run {run.name} of {args.deployment}: UUID: {run.id}")
     if args.wait:
-        sys.exit(follow(run.id, args.crash_grace, args.timeout))
+        sys.exit(follow(run.id, args.crash_grace, args.timeout, server_grace_s=args.server_grace))
 
 
 if __name__ == "__main__":

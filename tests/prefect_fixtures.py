@@ -260,13 +260,8 @@ def copy_toy(template: Path, dest: Path) -> Path:
     return Path(shutil.copytree(template, dest, symlinks=True))
 
 
-@pytest.fixture(scope="session", name="prefect_server")
-def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A real `prefect server start` on 127.0.0.1 with a temporary PREFECT_HOME; its env."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-    home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
-    url = f"http://127.0.0.1:{port}/api"
+def server_env(home: Path) -> dict[str, str]:
+    """The environment of a test server whose PREFECT_HOME (database, log) is `home`."""
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
@@ -276,10 +271,28 @@ def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "1",
     }
     env.pop("PREFECT_API_URL", None)
-    with open(home / "server.log", "w") as log:
+    return env
+
+
+def client_env(home: Path, port: int) -> dict[str, str]:
+    """The environment of the processes a test starts against the server at `home`, `port`."""
+    return {
+        **server_env(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
+
+
+@contextlib.contextmanager
+def server_process(home: Path, port: int) -> Iterator[subprocess.Popen]:
+    """`prefect server start` on 127.0.0.1:`port` with PREFECT_HOME `home`, once it answers,
+    until the block ends (a second one on the same home and port is the first restarted)."""
+    url = f"http://127.0.0.1:{port}/api"
+    with open(home / "server.log", "a") as log:
         proc = subprocess.Popen(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
+            env=server_env(home),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -296,14 +309,22 @@ def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 raise AssertionError(
                     f"the server never answered:\n{(home / 'server.log').read_text()}"
                 )
-            client_env = {
-                **env,
-                "PREFECT_API_URL": url,
-                "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-                "PREFECT_LOGGING_LEVEL": "INFO",
-            }
+            yield proc
+        finally:
+            stop(proc)
+
+
+@pytest.fixture(scope="session", name="prefect_server")
+def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real `prefect server start` on 127.0.0.1 with a temporary PREFECT_HOME; its env."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    with server_process(home, port):
+        try:
             with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_HOME: str(home)}):
-                yield client_env
+                yield client_env(home, port)
         finally:
             from prefect.events.worker import EventsWorker
             from prefect.logging.handlers import APILogWorker
@@ -313,7 +334,6 @@ def prefect_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator
             EventsWorker.drain_all(timeout=15)
             if url in _clients:
                 _clients.pop(url).__exit__(None, None, None)
-            stop(proc)
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:

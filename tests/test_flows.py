@@ -448,6 +448,74 @@ def test_attempts_are_bounded(prefect_server: dict) -> None:
         state.result()
 
 
+def test_promote_counts_its_attempts(prefect_server: dict, tmp_path: Path) -> None:
+    """The promote flow bounds its attempts as the pipeline's and retrain's do: its attempt
+    MAX_ATTEMPTS + 1 gives up before deciding anything."""
+    from flows.promote import promote
+
+    git_init(tmp_path)
+    again = promote.with_options(retries=MAX_ATTEMPTS, retry_delay_seconds=0)
+    state = again(experiment="no-such-experiment", project=str(tmp_path), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(RuntimeError, match=f"giving up after {MAX_ATTEMPTS} attempts"):
+        state.result()
+
+
+def test_every_served_flow_is_rescheduled_and_counts_its_attempts() -> None:
+    """The flows `flows.serve` deploys are those the retry automation watches, and each one
+    bounds its attempts (a flow added to serve.py without either would fail here)."""
+    import inspect
+
+    from flows.automations import FLOWS
+    from flows.serve import specs
+
+    served_flows = {f.name: f for f, _, _ in specs(project=Path(__file__).parents[1])}
+    assert set(served_flows) == set(FLOWS)
+    for name, f in served_flows.items():
+        assert "start_attempt()" in inspect.getsource(f.fn), name
+
+
+def test_a_crashing_promote_run_is_not_rescheduled_past_the_attempt_limit(
+    prefect_server: dict,
+) -> None:
+    """The automation "retry crashed runs" reschedules a crash on attempts 1 to MAX_ATTEMPTS - 1
+    of any flow it watches, never on the last: a promote run that crashes on every attempt (its
+    states set through the API, as `_orphaned` and the zombie automation set them) stays Crashed
+    after MAX_ATTEMPTS. A run that crashes after it is rescheduled: so the automation had seen
+    the last crash (it reads the server's events in order) and let it be."""
+    from prefect.states import Crashed, Running
+
+    from flows import automations
+    from flows.promote import promote
+
+    automations.install()
+
+    def crash(run_id, attempt: int) -> None:
+        c.set_flow_run_state(run_id, Running(), force=True)
+        c.set_flow_run_state(run_id, Crashed(message=f"attempt {attempt} died"), force=True)
+
+    def state_name(run_id) -> str:
+        return c.read_flow_run(run_id).state.name
+
+    with client() as c:
+        # a deployment no process serves: the automation reschedules only deployments' runs
+        flow_id = c.create_flow_from_name(promote.name)
+        deployment = c.create_deployment(flow_id, "crashes-every-time")
+        run = c.create_flow_run_from_deployment(deployment, parameters={"experiment": "crashes"})
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            crash(run.id, attempt)
+            if attempt < MAX_ATTEMPTS:
+                wait_until("the retry", lambda: state_name(run.id) == "AwaitingRetry")
+        later = c.create_flow_run_from_deployment(deployment, parameters={"experiment": "once"})
+        crash(later.id, 1)
+        wait_until("the later run's retry", lambda: state_name(later.id) == "AwaitingRetry")
+        last = c.read_flow_run(run.id)
+        retries = [s for s in c.read_flow_run_states(run.id) if s.name == "AwaitingRetry"]
+    assert last.state.is_crashed() and last.run_count == MAX_ATTEMPTS, last.state
+    assert last.state.message == f"attempt {MAX_ATTEMPTS} died"
+    assert len(retries) == MAX_ATTEMPTS - 1
+
+
 def deployment_runs(name: str, state: str | None = None) -> list:
     from prefect.client.schemas.filters import (
         DeploymentFilter,
