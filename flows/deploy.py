@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows import automations
+from flows.recipe import DEFAULT_PRESET
 from flows.serve import RETRAIN_CRON, project_tag, recipe_args, specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +26,7 @@ def deploy(
     pool: str,
     project: Path = ROOT,
     cron: str = RETRAIN_CRON,
-    preset: str = "demo",
+    preset: str = DEFAULT_PRESET,
     overrides: list[str] | None = None,
     local_only: bool = False,
 ) -> list[str]:

@@ -16,13 +16,15 @@ the recipe is the project's params.yaml (or serve's --retrain-preset/--retrain-o
 schedule serve's --cron, the gate params.yaml's retrain section. read() checks every line
 before anything runs: a bad one is a LineError naming dvc.yaml, the line and the key.
 Torch-free; the recipe is checked by transformer.core.presets, as `python -m transformer.config
-check` checks it.
+check` checks it. read(project, rev) reads the lines as a commit declares them (its dvc.yaml,
+params.yaml and presets/), which is what a run of that commit trains (flows/recipe.py).
 """
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +71,79 @@ def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dic
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
-_checked: dict[tuple[Path, str, str], list[Line]] = {}  # (project, dvc.yaml, params.yaml) -> lines
+class Files:
+    """The files that declare the lines: dvc.yaml, params.yaml and the presets, as the project's
+    folder has them (rev None; the presets this code ships) or as commit `rev` holds them."""
+
+    def __init__(self, project: Path, rev: str | None = None):
+        self.project, self.commit = Path(project), None
+        if rev is not None:
+            found = self._git("rev-parse", "--verify", "--end-of-options", f"{rev}^{{commit}}")
+            self.commit = found.strip() if found else None
+            if self.commit is None:
+                raise LineError(f"{self.project}: no commit {rev!r} to read the lines from")
+
+    def _git(self, *args: str) -> str | None:
+        r = subprocess.run(
+            ["git", *args], cwd=self.project, capture_output=True, text=True, check=False
+        )
+        return None if r.returncode else r.stdout
+
+    def where(self, path: str) -> str:
+        """How an error names the file: its path, and the commit it was read from."""
+        return str(self.project / path) + (f" at {self.commit[:9]}" if self.commit else "")
+
+    def text(self, path: str) -> str | None:
+        """The file's text, or None where there is none."""
+        if self.commit is None:
+            file = self.project / path
+            return file.read_text() if file.is_file() else None
+        return self._git("show", f"{self.commit}:./{path}")
+
+    def presets(self) -> list[str]:
+        if self.commit is None:
+            from transformer.core import presets
+
+            return presets.presets()
+        listed = self._git("ls-tree", "--name-only", self.commit, "--", "presets/") or ""
+        return sorted(Path(p).stem for p in listed.split() if p.endswith(".yaml"))
+
+    def write_preset(self, name: str, out: Path) -> None:
+        """Preset `name` as `python -m transformer.config preset NAME` writes it, into `out`."""
+        from transformer.core import presets
+
+        if self.commit is None:
+            presets.write_preset(name, out)
+            return
+        over = yaml.safe_load(self.text(f"presets/{name}.yaml") or "") or {}
+        defaults = {n: asdict(cls()) for n, cls in presets.SECTIONS.items()}
+        out.write_text(yaml.safe_dump(presets.merge(defaults, over), sort_keys=False))
 
 
-def read(project: Path = Path(".")) -> list[Line]:
-    """Every line of the project's dvc.yaml, in declaration order, each checked."""
-    path = Path(project) / "dvc.yaml"
-    params = Path(project) / "params.yaml"
-    text = path.read_text()
-    key = (path.resolve(), text, params.read_text() if params.exists() else "")
+# (project, dvc.yaml, params.yaml) -> lines, for the folder; (project, commit) for a commit
+_checked: dict[tuple[Path, str, str] | tuple[Path, str], list[Line]] = {}
+
+
+def read(project: Path = Path("."), rev: str | None = None) -> list[Line]:
+    """Every line of the project's dvc.yaml, in declaration order, each checked: as the folder
+    has it (rev None), or as commit `rev` declares it."""
+    files = Files(Path(project), rev)
+    if files.commit is None:
+        path, params = files.project / "dvc.yaml", files.text("params.yaml")
+        text = path.read_text()
+        key: tuple = (path.resolve(), text, params or "")
+    else:
+        text = files.text("dvc.yaml")
+        if text is None:
+            raise LineError(f"{files.where('dvc.yaml')}: no such file")
+        key = (files.project.resolve(), files.commit)
     if key not in _checked:
-        _checked[key] = _read(Path(project), path, text)
+        _checked[key] = _read(files, text)
     return _checked[key]
 
 
-def _read(project: Path, path: Path, text: str) -> list[Line]:
+def _read(files: Files, text: str) -> list[Line]:
+    path = files.where("dvc.yaml")
     try:
         arts = (yaml.load(text, Loader=_Loader) or {}).get("artifacts") or {}
     except yaml.YAMLError as e:
@@ -92,34 +152,34 @@ def _read(project: Path, path: Path, text: str) -> list[Line]:
         raise LineError(f"{path}: {str(e).removeprefix('dvc.yaml ')}") from None
     if not arts:
         raise LineError(f"{path}: no model declared (no entry under artifacts:)")
-    return [check(project, name, spec or {}) for name, spec in arts.items()]
+    return [check(files, name, spec or {}) for name, spec in arts.items()]
 
 
-def get(project: Path, name: str | None) -> Line:
-    """Line `name`, or the project's only line when `name` is None."""
-    found = read(project)
+def get(project: Path, name: str | None, rev: str | None = None) -> Line:
+    """Line `name`, or the project's only line when `name` is None (at commit `rev`, if given)."""
+    found = read(project, rev)
+    where = Files(Path(project), rev).where("dvc.yaml")
     if name is None:
         if len(found) == 1:
             return found[0]
         raise LineError(
-            f"{Path(project) / 'dvc.yaml'} declares {len(found)} lines "
+            f"{where} declares {len(found)} lines "
             f"({', '.join(x.name for x in found)}): name one (--line NAME)"
         )
     for x in found:
         if x.name == name:
             return x
     raise LineError(
-        f"{Path(project) / 'dvc.yaml'}: no line {name!r} under artifacts: "
-        f"(declared: {', '.join(x.name for x in found)})"
+        f"{where}: no line {name!r} under artifacts: (declared: {', '.join(x.name for x in found)})"
     )
 
 
-def check(project: Path, name: str, spec: dict[str, Any]) -> Line:
+def check(files: Files, name: str, spec: dict[str, Any]) -> Line:
     """The Line of artifact `name`, or LineError naming the line and the key."""
     from gto.constants import assert_name_is_valid
     from gto.exceptions import ValidationError
 
-    where = f"{project / 'dvc.yaml'}: artifacts.{name}"
+    where = f"{files.where('dvc.yaml')}: artifacts.{name}"
     try:
         assert_name_is_valid(name)
     except ValidationError as e:
@@ -137,9 +197,9 @@ def check(project: Path, name: str, spec: dict[str, Any]) -> Line:
         raise LineError(f"{where}.meta.recipe.overrides: a list of KEY=VALUE strings")
     gate = _keys(meta.get("retrain") or {}, None, f"{where}.meta.retrain")
     every = [*overrides, *retrain_overrides(gate)]
-    check_recipe(project, preset, overrides, where, ".meta.recipe.overrides")
+    check_recipe(files, preset, overrides, where, ".meta.recipe.overrides")
     if gate:
-        check_recipe(project, preset, every, where, ".meta.retrain")
+        check_recipe(files, preset, every, where, ".meta.retrain")
     cron, tz = schedule(meta.get("schedule"), f"{where}.meta.schedule")
     return Line(name, spec["path"], preset, tuple(every), cron, tz, True, gate)
 
@@ -166,19 +226,18 @@ def retrain_overrides(gate: dict[str, Any], prefix: str = "retrain") -> list[str
 
 
 def check_recipe(
-    project: Path, preset: str | None, overrides: list[str], where: str, part: str
-) -> None:
+    files: Files, preset: str | None, overrides: list[str], where: str, part: str
+) -> dict[str, Any]:
     """The preset and overrides applied as a run applies them, then validated as `python -m
-    transformer.config check` validates params.yaml."""
+    transformer.config check` validates params.yaml: every section, {name: its settings}."""
     from dvc.utils.hydra import apply_overrides
 
     from transformer.core import presets
     from transformer.core.settings import ConfigError
 
-    if preset is not None and preset not in presets.presets():
+    if preset is not None and preset not in (known := files.presets()):
         raise LineError(
-            f"{where}.meta.recipe.preset: no preset {preset!r} "
-            f"(available: {', '.join(presets.presets())})"
+            f"{where}.meta.recipe.preset: no preset {preset!r} (available: {', '.join(known)})"
         )
     try:
         for o in overrides:
@@ -190,14 +249,13 @@ def check_recipe(
     with tempfile.TemporaryDirectory() as tmp:
         params = Path(tmp) / "params.yaml"
         if preset is None:
-            base = project / "params.yaml"
-            params.write_text(base.read_text() if base.exists() else "{}\n")
+            params.write_text(files.text("params.yaml") or "{}\n")
         else:
-            presets.write_preset(preset, params)
+            files.write_preset(preset, params)
         try:
             if overrides:
                 apply_overrides(params, list(overrides))
-            presets.load_all(params)
+            return presets.load_all(params)
         except Exception as e:  # noqa: BLE001  hydra's and the sections' errors alike
             msg = str(e).replace(str(params), "the recipe")
             raise LineError(f"{where}{part}: refused by the config check: {msg}") from None

@@ -24,7 +24,7 @@ from prefect.futures import wait
 from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
-from flows import lineage, progress, workspace
+from flows import lineage, lines, progress, recipe, workspace
 from flows.artifacts import written
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
@@ -260,13 +260,33 @@ def pipeline(
     retry_delay_s: float = 10.0,
 ) -> dict[str, Any]:
     """Run dvc.yaml's stages on commit `rev` of the project with the preset and the
-    `dvc exp run -S` overrides, in the run workspace; save the experiment; its record."""
+    `dvc exp run -S` overrides, in the run workspace; save the experiment, with the line whose
+    recipe it ran (flows/recipe.py: what `python -m flows.promote` gates it in); its record."""
     root = Path(project).resolve()
     overrides = list(overrides or [])
     with workspace_lock(root):
         start_attempt()
         ws, commit = prepare(root, rev, preset, overrides)
-        return run_experiment(ws, commit, preset, overrides, download_retries, retry_delay_s)
+        line = line_of_recipe(root, commit, preset, overrides)
+        return run_experiment(
+            ws, commit, preset, overrides, download_retries, retry_delay_s, line=line
+        )
+
+
+def line_of_recipe(root: Path, commit: str, preset: str | None, overrides: list[str]) -> str | None:
+    """The line whose recipe the run is, as `commit` declares the lines; None where none fits,
+    several fit alike, or the commit declares none readable (said in the log)."""
+    try:
+        fits = recipe.belongs(root, commit, preset, overrides)
+    except lines.LineError as e:
+        fits, why = [], str(e)
+    else:
+        why = f"it is each of {', '.join(x.name for x in fits)}'s alike" if fits else "no line's"
+    if len(fits) == 1:
+        logger().info("the recipe of line %s", fits[0].name)
+        return fits[0].name
+    logger().info("the recipe of no line: %s", why)
+    return None
 
 
 def run_experiment(

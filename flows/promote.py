@@ -2,7 +2,7 @@
 
     python -m flows.promote EXPERIMENT               # a `dvc exp show` name, a commit, a tag
                                                      # exit status 0 promoted, 3 refused
-    python -m flows.promote EXPERIMENT --line NAME   # an experiment run by hand: its line
+    python -m flows.promote EXPERIMENT --line NAME   # one run by hand (dvc exp run): its line
     python -m flows.run promote/promote -p experiment=EXPERIMENT --wait
 
 Any experiment qualifies, one a flow ran or one run by hand (`dvc exp run`): its record is read
@@ -12,10 +12,10 @@ sacreBLEU signature, and beat the champion's BLEU by more than `retrain.margin` 
 paired bootstrap p below `retrain.alpha`, against the champion's own hypotheses; on each further
 set (`evaluate.extra_splits`) no significant BLEU drop, and chrF down by at most
 `retrain.max_chrf_drop` anywhere (flows/significance.py). A candidate without a BLEU score is
-never promoted. The candidate meets only its own line's champion (flows/lines.py): the line
-its run recorded, or --line; the gate's settings are the line's (dvc.yaml's meta.retrain over
-params.yaml's retrain section). A promotion is a new version of the line's artifact in the
-production stage (flows/registry.py).
+never promoted. The candidate meets only its own line's champion (flows/lines.py): --line, or
+the line its run recorded (a flow run records the line whose recipe it ran); the gate's settings
+are the line's as the project's HEAD declares them (flows/recipe.py). A promotion is a new
+version of the line's artifact in the production stage (flows/registry.py).
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import lines, registry, significance, tags
+from flows import lines, recipe, registry, significance, tags
 from flows.artifacts import written
 from flows.lineage import Unreadable
 from flows.locks import registry_lock
 from flows.pipeline import start_attempt
-from flows.shell import logger, read_section
-from flows.significance import Rules
+from flows.shell import logger
 from flows.workspace import WorkspaceError, git
 from transformer.core.settings import ConfigError
 
@@ -361,19 +360,36 @@ def head(out: dict[str, Any], title: str, verdict: str, rows: list) -> list[str]
     ]
 
 
-def line_of(root: Path, commit: str, line: str | None) -> lines.Line:
-    """`line`, else the line the run at `commit` recorded, else the project's only line."""
-    if line is None:
-        line = registry.record_at(root, commit).get("line")
-    try:
-        return lines.get(root, line)
-    except lines.LineError as e:
-        raise registry.RegistryError(f"{e} (for experiment {commit[:9]})") from None
-
-
-def line_rules(root: Path, line: lines.Line) -> significance.Rules:
-    """The gate's settings: params.yaml's retrain section with the line's meta.retrain over it."""
-    return significance.Rules.of({**read_section(root, "retrain"), **line.retrain})
+def line_of(root: Path, commit: str, line: str | None) -> str:
+    """The line to gate the experiment at `commit` in: `line`, else the line its run recorded,
+    else the project's only line, else the line its recorded recipe belongs to (a flow run from
+    before runs recorded their line). None fits: a RegistryError listing the lines and --line."""
+    if line is not None:
+        return line
+    record = registry.record_at(root, commit)
+    if record.get("line"):
+        return record["line"]
+    declared = lines.read(root, "HEAD")
+    if len(declared) == 1:
+        return declared[0].name
+    why = "it was run by hand (`dvc exp run`: its commit records no recipe)"
+    if "preset" in record:  # a flow run's
+        ran = (record["preset"], record.get("overrides") or [])
+        try:
+            fits = recipe.belongs(root, record["code_revision"], *ran)
+        except lines.LineError:  # its revision declares no (readable) lines
+            fits = []
+        if len(fits) == 1:
+            return fits[0].name
+        said = f"preset {ran[0]}, overrides {' '.join(ran[1]) or 'none'}"
+        why = f"its recipe ({said}) is " + (
+            f"each of {', '.join(x.name for x in fits)}'s alike" if fits else "no line's"
+        )
+    raise registry.RegistryError(
+        f"experiment {record.get('experiment') or commit[:9]} belongs to no line: {why}. "
+        f"{root / 'dvc.yaml'} declares {recipe.describe(declared)}: name one with --line NAME "
+        "(the promote/promote deployment: -p line=NAME)"
+    )
 
 
 @flow(name="promote", log_prints=True)
@@ -386,19 +402,23 @@ def promote(
     local_only: bool = False,
 ) -> dict[str, Any]:
     """Gate experiment `experiment` (name or revision) against its line's champion (`line`, or
-    the line its run recorded); promote it if it beats the champion. `allow_margin_only`: as
-    retrain.allow_margin_only set for this decision. `local_only`: decide in this clone's tags
-    without asking the git remote origin (a later `python -m flows.registry publish` pushes)."""
+    the line its run recorded: line_of); promote it if it beats the champion. The gate's
+    settings are the line's as the project's HEAD declares them (flows/recipe.py), `margin`
+    (when given) and `allow_margin_only` (as retrain.allow_margin_only) over them.
+    `local_only`: decide in this clone's tags without asking the git remote origin (a later
+    `python -m flows.registry publish` pushes)."""
     start_attempt()  # a crashed decision is rescheduled, a bounded number of times
     root = Path(project).resolve()
     commit = resolve_experiment(root, experiment)
-    found = line_of(root, commit, line)
-    rules = line_rules(root, found)
+    found = recipe.resolve(root, line_of(root, commit, line))
+    rules = found.rules
     if allow_margin_only:
         rules = replace(rules, allow_margin_only=True)
     margin = rules.margin if margin is None else margin
     run = f"promote flow run {flow_run.get_id()}"
-    out = decide(root, commit, margin, run, rules=rules, line=found.name, local_only=local_only)
+    out = decide(
+        root, commit, margin, run, rules=rules, line=found.line.name, local_only=local_only
+    )
     written(  # its description is what `python -m flows.run --wait` prints
         create_markdown_artifact,
         report(out, f"Promote {experiment}"),
@@ -406,13 +426,6 @@ def promote(
         description=summary(out),
     )
     return out
-
-
-def retrain_margin(project: Path, line: lines.Line | None = None) -> float:
-    """retrain.margin of params.yaml (with line `line`'s meta.retrain over it), read by the
-    project's own code (ConfigError naming the file if it cannot)."""
-    section = read_section(Path(project), "retrain")
-    return Rules.of({**section, **(line.retrain if line else {})}).margin
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -441,18 +454,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        # checked before the flow starts: a bad params.yaml or line is one line, not a failed run
+        # checked before the flow starts: a bad line or gate is one line, not a failed run
         root = Path(args.project).resolve()
-        section = read_section(root, "retrain")  # params.yaml first: the most basic error
         line = line_of(root, resolve_experiment(root, args.experiment), args.line)
-        margin = (
-            Rules.of({**section, **line.retrain}).margin if args.margin is None else args.margin
-        )
+        recipe.resolve(root, line)
         out = promote(
             args.experiment,
             args.project,
-            margin,
-            line.name,
+            args.margin,
+            line,
             args.allow_margin_only,
             args.local_only,
         )

@@ -318,13 +318,13 @@ def decision_tags(project: Path, name: str | None = None) -> list[dict[str, Any]
 def complete(project: Path) -> list[dict[str, Any]]:
     """Decide again every candidate whose package could not be published when it won
     (unpublished()) and that this clone holds: the decisions."""
-    from flows import promote  # the gate; it imports this module
+    from flows import promote, recipe  # the gate; it imports this module
 
     out = []
     for x in lines.read(Path(project)):
         for commit in unpublished(project, x.name):
             if cached(project, x.path, commit):
-                rules = promote.line_rules(Path(project), x)
+                rules = recipe.resolve(Path(project), x.name).rules
                 out.append(
                     promote.decide(
                         Path(project),

@@ -34,14 +34,13 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import lineage, lines, registry, tags
+from flows import lineage, recipe, registry, tags, workspace
 from flows.artifacts import written
 from flows.dag import Stage, read_dag
 from flows.locks import workspace_lock
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import decide, report, summary, sync
 from flows.shell import apply_params, logger, read_section, run
-from flows.significance import Rules
 from transformer.core.layout import TOKENIZER
 from transformer.core.sections.model import WEIGHT_KEYS
 from transformer.core.settings import parse_yaml
@@ -173,25 +172,9 @@ def plan(
     return decide_start(mode, champion, theirs, params, cfg["max_oov_rate"], fit), cfg
 
 
-# retrain()'s default preset: the line's declared recipe (a name no preset file can take: the
-# presets are checked against presets/*.yaml, and "line" is not one)
-LINE_RECIPE = "line"
-
-
-def recipe(
-    found: lines.Line, preset: str | None, overrides: list[str]
-) -> tuple[str | None, list[str]]:
-    """The preset and overrides a retrain of line `found` runs (see retrain's `preset`)."""
-    if preset != LINE_RECIPE:
-        return preset, overrides
-    if not found.declared:
-        return "demo", overrides
-    return found.preset, [*found.overrides, *overrides]
-
-
 @flow(name="retrain", log_prints=True)
 def retrain(
-    preset: str | None = LINE_RECIPE,
+    preset: str | None = recipe.LINE_RECIPE,
     overrides: list[str] | None = None,
     rev: str = "HEAD",
     project: str = ".",
@@ -202,22 +185,24 @@ def retrain(
     local_only: bool = False,
 ) -> dict[str, Any]:
     """Retrain line `line`'s recipe when its data, code or params changed since the line's
-    champion; promote the candidate only if it passes the gate. Returns the decision and why.
+    champion; promote the candidate only if it passes the line's gate. Returns the decision and
+    why. The line's recipe and gate are read from commit `rev`, the one trained (flows/recipe.py).
 
     `preset` "line" (the default): the line's own recipe (its dvc.yaml meta), `overrides` after
     the recipe's; the demo preset for a project whose artifact declares no line. Any other
-    preset, or None (the project's params.yaml as committed), replaces the line's recipe."""
+    preset, or None (the project's params.yaml as committed), replaces the recipe; the gate
+    stays the line's."""
     root = Path(project).resolve()
-    overrides = list(overrides or [])
-    found = lines.get(root, line)  # a bad declaration stops here, before any run
+    # a bad declaration stops here, before any run
+    run = recipe.resolve(root, line, workspace.resolve(root, rev), preset, overrides or [])
+    found, preset, overrides = run.line, run.preset, list(run.overrides)
     line = found.name
-    preset, overrides = recipe(found, preset, overrides)
     if not local_only and tags.has_remote(root):  # the champion as origin knows it
         sync(root, line)
     key = line if found.declared else None  # an undeclared single artifact: today's workspace
     with workspace_lock(root, key):
         start_attempt()
-        ws, commit = prepare(root, rev, preset, overrides, key)
+        ws, commit = prepare(root, run.commit, preset, overrides, key)
         dag = read_dag(ws)
         force = (lineage.DOWNLOAD,) if refresh_data else ()  # fetch the source again
         downloaded = run_stages(
@@ -241,7 +226,7 @@ def retrain(
             )
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
-            start, cfg = plan(root, ws, dag, champion, line)
+            start, _ = plan(root, ws, dag, champion, line)
             logger().info("training %s", start.why)
             if start.overrides:  # the decision, written once; then each stage runs once
                 apply_params(ws, None, list(start.overrides))
@@ -260,15 +245,14 @@ def retrain(
                 champion,
             )
             run_id = f"retrain flow run {flow_run.get_id()}"
-            rules = Rules.of(cfg)
             out.update(
                 decide(
                     root,
                     candidate["experiment_commit"],
-                    rules.margin,
+                    run.rules.margin,
                     run_id,
                     trained=start.why,
-                    rules=rules,
+                    rules=run.rules,
                     line=line,
                     local_only=local_only,
                 )

@@ -15,7 +15,10 @@ on the Prefect server named by PREFECT_API_URL, and runs their flow runs as subp
 sending a heartbeat every 30 s. Run it under a supervisor that restarts it (systemd's
 Restart=always): a crashed run is rescheduled and the restarted process resumes it. Parameters
 a run may pass: `preset`, `overrides` (a list of `dvc exp run -S` strings, e.g.
-'["train.max_steps=10"]'), `rev` (the commit to train; default HEAD), `project`.
+'["train.max_steps=10"]'; on `retrain/NAME` they come after the line's own, its gate kept),
+`rev` (the commit to train; default HEAD), `project`. A line's recipe, schedule and gate are
+its dvc.yaml meta (flows/lines.py): --retrain-preset and --retrain-override on a project that
+declares lines are an error.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 
-from flows import automations, lines, registry
+from flows import automations, lines, recipe, registry
 from flows.pipeline import pipeline
 from flows.promote import promote
 from flows.retrain import retrain
@@ -46,7 +49,7 @@ def project_tag(path: Path) -> str:
 
 def specs(
     cron: str = RETRAIN_CRON,
-    preset: str = "demo",
+    preset: str = recipe.DEFAULT_PRESET,
     overrides: list[str] | None = None,
     project: Path = Path("."),
     local_only: bool = False,
@@ -88,7 +91,9 @@ def retrain_specs(
         ]
     out = []
     for x in found:
-        params = {"preset": x.preset, "overrides": list(x.overrides), "line": x.name}
+        # the line alone: each run reads the line's recipe and gate from the commit it trains,
+        # and a run's `-p overrides` come after the line's own (flows/recipe.py)
+        params: dict[str, Any] = {"line": x.name}
         if not x.declared:  # one of several artifacts without meta: the flags' recipe
             params.update(preset=preset, overrides=list(overrides or []))
         schedule = {"cron": cron} if not x.declared else {}
@@ -101,7 +106,7 @@ def retrain_specs(
 
 def deployments(
     cron: str = RETRAIN_CRON,
-    preset: str = "demo",
+    preset: str = recipe.DEFAULT_PRESET,
     overrides: list[str] | None = None,
     local_only: bool = False,
 ) -> list:
@@ -122,8 +127,8 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retrain-preset",
-        default="demo",
-        help="the preset the scheduled retrain trains (default: demo)",
+        help="the preset the scheduled retrain of a project without lines trains (default: "
+        f"{recipe.DEFAULT_PRESET}); a line's recipe is its dvc.yaml meta.recipe",
     )
     parser.add_argument(
         "--local-only",
@@ -137,7 +142,8 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an override of the retrain recipe (repeatable), e.g. train.max_steps=2000",
+        help="an override of the retrain recipe of a project without lines (repeatable), e.g. "
+        "train.max_steps=2000",
     )
 
 
@@ -158,10 +164,19 @@ def recipe_args(
     add_recipe_args(parser)
     args = parser.parse_args(argv)
     try:  # a bad declaration stops serve/deploy before anything runs
-        if (project / "dvc.yaml").exists():
-            lines.read(project)
+        found = lines.read(project) if (project / "dvc.yaml").exists() else []
     except lines.LineError as e:
         parser.exit(2, f"{prog}: error: {e}\n")
+    if (args.retrain_preset or args.retrain_override) and found and all(x.declared for x in found):
+        parser.exit(
+            2,
+            f"{prog}: error: --retrain-preset and --retrain-override set the recipe of a project "
+            f"whose artifact declares no line; {project.resolve() / 'dvc.yaml'} declares the "
+            f"lines {', '.join(x.name for x in found)}: put the recipe in the line's "
+            "meta.recipe (preset, overrides) and commit it, or give one run its own with "
+            "`python -m flows.run retrain/NAME -p overrides='[...]'`\n",
+        )
+    args.retrain_preset = args.retrain_preset or recipe.DEFAULT_PRESET
     for override in args.retrain_override:
         try:
             check_override(override)
@@ -187,11 +202,15 @@ def main(argv: list[str] | None = None) -> None:
             "publish`",
             flush=True,
         )
+    declared = {x.name: x for x in lines.read(Path(".")) if x.declared}
     found = specs(args.cron, args.retrain_preset, args.retrain_override, local_only=args.local_only)
     for f, name, options in found:
         if f is retrain:
             when = options.get("cron") or getattr(options.get("schedule"), "cron", None)
-            print(f"retrain/{name}: " + json.dumps({**options["parameters"], "schedule": when}))
+            shown = dict(options["parameters"])
+            if x := declared.get(name):  # the recipe as the checkout declares it now
+                shown["recipe"] = {"preset": x.preset, "overrides": list(x.overrides)}
+            print(f"retrain/{name}: " + json.dumps({**shown, "schedule": when}))
     serve(
         *deployments(args.cron, args.retrain_preset, args.retrain_override, args.local_only),
         heartbeat_seconds=automations.HEARTBEAT_S,

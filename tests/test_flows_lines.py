@@ -1,11 +1,15 @@
 """Several lines in one project, on the toy project with a real Prefect server, real dvc and a
 bare git repository standing in for the team's remote: one `flows.serve` serves a retrain per
-line, both run at once and are promoted as v1 of their own line, a worse candidate of one line
-is refused against its own champion only, a clone of the remote fetches each champion, and a
-project promoted before lines keeps its registry under the new code."""
+line, both run at once (a run's own overrides after its line's) and are promoted as v1 of their
+own line, a pipeline run records the line whose recipe it ran and `flows.promote EXPERIMENT`
+gates it there, a worse candidate of one line is refused against its own champion only, a
+clone of the remote fetches each champion, and a project promoted before lines keeps its
+registry under the new code."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,12 +20,16 @@ from prefect_fixtures import (
     ROOT,
     client,
     deployment_run,
+    flows_run,
     make_toy,
     run_id,
     served,
     sh,
     wait_until,
 )
+
+from flows import registry
+from flows.promote import resolve_experiment
 
 LINES = """artifacts:
   en-de:
@@ -99,15 +107,31 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
     env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}
     with served(toy, env, TOY_CORPUS=corpus) as proc:
         log = proc.log_path.read_text()
-        assert 'retrain/en-de: {"preset": "demo", "overrides": [], "line": "en-de", ' in log
-        assert '"retrain.margin=0.5"], "line": "de-en", "schedule": "0 4 * * 1"}' in log
-        # started at the same moment: neither waits for the other (one slot per line)
+        shown = 'retrain/en-de: {"line": "en-de", "recipe": {"preset": "demo", "overrides": []}, '
+        assert shown in log, log
+        assert '"retrain.margin=0.5"]}, "schedule": "0 4 * * 1"}' in log, log
+        with client() as c:  # the line alone: each run reads its recipe from its commit
+            assert c.read_deployment_by_name("retrain/de-en").parameters == {"line": "de-en"}
+        # started at the same moment: neither waits for the other (one slot per line); a run's
+        # `-p overrides` come after its line's, the line's gate kept
+        more = ("--params", json.dumps({"overrides": ["train.seed=7"]}))
         runs = [
-            run_id(deployment_run(env, f"retrain/{n}", watch=False, cwd=toy).stdout)
-            for n in ("en-de", "de-en")
+            run_id(deployment_run(env, f"retrain/{n}", *args, watch=False, cwd=toy).stdout)
+            for n, args in (("en-de", ()), ("de-en", more))
         ]
         ends = [finished(r) for r in runs]
-    assert all(r.state.is_completed() for r in ends), [r.state for r in ends]
+        assert all(r.state.is_completed() for r in ends), [r.state for r in ends]
+        # the README's pipeline run: it records the line whose recipe it ran, en-de's
+        r = flows_run(env, "pipeline/demo", "-p", 'overrides=["train.max_steps=700"]', cwd=toy)
+        assert r.returncode == 0, r.stdout + r.stderr
+    (pipeline_exp,) = re.findall(r"through the gate: python -m flows\.promote (\S+)\)", r.stdout)
+    (first,) = registry.decision_tags(toy, "de-en")
+    assert first["candidate"]["overrides"] == [
+        "train.max_steps=500",
+        "retrain.margin=0.5",
+        "train.seed=7",
+    ]
+    assert first["gate"]["rules"]["margin"] == 0.5
     mine = tags(toy, "en-de*", "de-en*", "decision")
     assert {t for t in mine if "#" in t or "@" in t} == {
         "en-de@v1.0.0",
@@ -141,6 +165,13 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
         )
         assert (clone / n / "model.pt").read_text().startswith(f"{steps} ")
 
+    # `python -m flows.promote EXPERIMENT`, as the README says: the pipeline run recorded en-de
+    # (its recipe is en-de's, with its own override after it)
+    assert registry.record_at(toy, resolve_experiment(toy, pipeline_exp))["line"] == "en-de"
+    r = python(["-m", "flows.promote", pipeline_exp], toy, env)
+    assert r.returncode == 0 and "promoted as v2.0.0" in r.stdout, r.stdout + r.stderr
+    assert "en-de@v2.0.0" in tags(toy, "en-de@*")
+
     # a worse candidate of de-en meets de-en's champion only; en-de's tags stay as they were
     before = tags(toy, "en-de*", "decision/en-de/*")
     sh(
@@ -156,7 +187,9 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
         env={**env, "TOY_CORPUS": corpus},
     )
     r = python(["-m", "flows.promote", "worse"], toy, env)
-    assert r.returncode == 1 and "declares 2 lines (en-de, de-en): name one" in r.stderr, r.stderr
+    assert r.returncode == 1 and "belongs to no line: it was run by hand" in r.stderr, r.stderr
+    assert "en-de (preset demo); de-en (preset demo, overrides train.max_steps=500)" in r.stderr
+    assert "name one with --line NAME" in r.stderr
     r = python(["-m", "flows.promote", "worse", "--line", "de-en"], toy, env)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "does not beat champion 50.00 by more than the margin 0.5" in r.stdout, r.stdout
@@ -167,7 +200,7 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
     # make results: a table per line, each marking its own champion
     r = python(["-m", "flows.results"], toy, env)
     assert r.returncode == 0, r.stderr
-    assert "line en-de: champion en-de@v1.0.0" in r.stdout
+    assert "line en-de: champion en-de@v2.0.0" in r.stdout
     assert "line de-en: champion de-en@v1.0.0" in r.stdout
     one = python(["-m", "flows.results", "--line", "de-en"], toy, env).stdout
     assert "line en-de" not in one and "refused" in one and one.count("*") == 1, one

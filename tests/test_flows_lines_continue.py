@@ -54,17 +54,15 @@ def md5s(hashes: str) -> list[str]:
 
 RUN_LINE = """
 import json, sys
-from flows import lines
 from flows.retrain import retrain
-x = lines.get(".", sys.argv[1])
-out = retrain(preset=x.preset, overrides=list(x.overrides), line=x.name)
+out = retrain(line=sys.argv[1])
 print("RESULT " + json.dumps(out, default=str))
 """
 
 
 def run_line(project: Path, name: str, env: dict) -> dict:
-    """Line `name`'s retrain with its declared recipe, as its deployment `retrain/NAME` runs it:
-    in the project, with the project's own code (its presets: the line's is one of them)."""
+    """Line `name`'s retrain, as its deployment `retrain/NAME` runs it (the line alone: its
+    recipe as HEAD declares it), in the project, with the project's own code."""
     r = subprocess.run(
         [sys.executable, "-c", RUN_LINE, name],
         cwd=project,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect_fixtures import git_init, sh
 
-from flows import lines
+from flows import lines, recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "stages: {}\nartifacts:\n"
@@ -20,6 +21,27 @@ def declare(tmp_path: Path, body: str) -> Path:
     (tmp_path / "dvc.yaml").write_text(HEAD + body)
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     return tmp_path
+
+
+def committed(tmp_path: Path, body: str) -> Path:
+    """declare(), with this checkout's presets, committed in a new git repository."""
+    tmp_path.mkdir(exist_ok=True)
+    declare(tmp_path, body)
+    (tmp_path / "presets").mkdir()
+    for name in ("demo", "demo-de-en"):
+        (tmp_path / f"presets/{name}.yaml").write_text((ROOT / f"presets/{name}.yaml").read_text())
+    git_init(tmp_path)
+    sh("git", "add", "-A", cwd=tmp_path)
+    sh("git", "commit", "-qm", "lines", cwd=tmp_path)
+    return tmp_path
+
+
+TWO = (
+    "  en-de:\n    path: data/package\n    meta:\n"
+    "      recipe: {preset: demo, overrides: [train.max_steps=20]}\n"
+    "      retrain: {margin: 0.5}\n"
+    "  de-en:\n    path: data/package\n    meta: {recipe: {preset: demo-de-en}}\n"
+)
 
 
 def test_a_line_reads_its_recipe_schedule_and_gate(tmp_path: Path) -> None:
@@ -135,7 +157,7 @@ def test_the_project_declares_two_lines_on_the_offline_corpus() -> None:
 
 
 def test_a_retrain_of_a_line_runs_its_recipe_unless_told_otherwise() -> None:
-    from flows.retrain import LINE_RECIPE, recipe
+    from flows.recipe import LINE_RECIPE, recipe
 
     de_en = lines.get(ROOT, "de-en")
     assert de_en.preset == "demo-de-en"
@@ -146,3 +168,91 @@ def test_a_retrain_of_a_line_runs_its_recipe_unless_told_otherwise() -> None:
     assert recipe(de_en, None, []) == (None, [])  # params.yaml as committed
     single = lines.Line(name="model", path="data/package", declared=False)
     assert recipe(single, LINE_RECIPE, extra) == ("demo", extra)  # a project without lines
+
+
+def test_a_line_is_resolved_as_the_commit_that_runs_declares_it(tmp_path: Path) -> None:
+    """Its recipe and gate come from the commit (dvc.yaml, params.yaml, presets/), never from the
+    working tree; a run's overrides come after the line's, its gate kept."""
+    project = committed(tmp_path, TWO)
+    preset = project / "presets/demo.yaml"
+    preset.write_text(preset.read_text() + "retrain: {alpha: 0.01}\n")  # the commit's preset
+    sh("git", "commit", "-qam", "a stricter demo", cwd=project)
+    head = sh("git", "rev-parse", "HEAD", cwd=project).strip()
+    (project / "dvc.yaml").write_text(HEAD + TWO.replace("margin: 0.5", "margin: 9"))
+    preset.write_text("train: {max_steps: 1}\n")  # neither is committed: no run sees them
+
+    found = recipe.resolve(project, "en-de", overrides=["train.max_steps=5"])
+    assert found.commit == head and found.preset == "demo"
+    assert found.overrides == ("train.max_steps=20", "retrain.margin=0.5", "train.max_steps=5")
+    assert (found.rules.margin, found.rules.alpha) == (0.5, 0.01)
+    assert lines.get(project, "en-de").retrain == {"margin": 9}  # the working tree's, unused
+    other = recipe.resolve(project, "en-de", preset="demo-de-en", overrides=["train.seed=2"])
+    assert (other.preset, other.overrides, other.rules) == (
+        "demo-de-en",
+        ("train.seed=2",),
+        found.rules,
+    )
+    assert recipe.resolve(project, "de-en").rules.margin == 0.0  # each line its own gate
+    with pytest.raises(lines.LineError, match=f"dvc.yaml at {head[:9]}: no line 'fr'"):
+        recipe.resolve(project, "fr")
+
+
+def test_a_line_without_meta_is_gated_by_params_yaml_as_committed(tmp_path: Path) -> None:
+    project = committed(tmp_path, "  transformer:\n    path: data/package\n")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["retrain"]["margin"] = 2.5
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    sh("git", "commit", "-qam", "margin 2.5", cwd=project)
+    params["retrain"]["margin"] = -1  # uncommitted, and invalid: never read
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    found = recipe.resolve(project)
+    assert (found.line.name, found.preset, found.rules.margin) == ("transformer", "demo", 2.5)
+    sh("git", "commit", "-qam", "an invalid margin", cwd=project)
+    with pytest.raises(lines.LineError, match="params.yaml at .*retrain.margin must be a number"):
+        recipe.resolve(project)
+
+
+def test_a_run_belongs_to_the_line_whose_recipe_it_ran(tmp_path: Path) -> None:
+    project = committed(tmp_path, TWO)
+
+    def belongs(preset: str | None, *overrides: str) -> list[str]:
+        return [x.name for x in recipe.belongs(project, "HEAD", preset, overrides)]
+
+    assert belongs("demo", "train.max_steps=20") == ["en-de"]
+    assert belongs("demo", "train.max_steps=20", "train.seed=3") == ["en-de"]  # its own after
+    assert belongs("demo", "train.max_steps=20", "retrain.margin=0") == ["en-de"]  # gate aside
+    assert belongs("demo-de-en") == belongs("demo-de-en", "model.d_model=64") == ["de-en"]
+    assert belongs("demo") == belongs("demo", "train.max_steps=30") == []  # not en-de's
+    assert belongs("wmt14-en-de-base") == belongs(None) == []
+    twins = committed(tmp_path / "twins", TWO.replace("demo-de-en", "demo"))
+    assert [x.name for x in recipe.belongs(twins, "HEAD", "demo", ["train.seed=3"])] == ["de-en"]
+    assert len(recipe.belongs(twins, "HEAD", "demo", ["train.max_steps=20"])) == 1  # the longer
+    (twins / "dvc.yaml").write_text(
+        HEAD
+        + TWO.replace("demo-de-en", "demo").replace(
+            "meta: {recipe: {preset: demo}}",
+            "meta: {recipe: {preset: demo, overrides: [train.max_steps=20]}}",
+        )
+    )
+    sh("git", "commit", "-qam", "twins", cwd=twins)
+    assert len(recipe.belongs(twins, "HEAD", "demo", ["train.max_steps=20"])) == 2  # alike
+
+
+def test_serve_refuses_the_retrain_flags_on_a_project_of_lines(tmp_path: Path, capsys) -> None:
+    """--retrain-preset and --retrain-override would be ignored there: an error naming the lines
+    and meta.recipe, before anything runs; a project without lines takes them."""
+    from flows.serve import recipe_args
+
+    serve = "python -m flows.serve"
+    for flags in (["--retrain-preset", "demo"], ["--retrain-override", "train.max_steps=9"]):
+        with pytest.raises(SystemExit) as e:
+            recipe_args([*flags, "--local-only"], serve, "", declare(tmp_path, TWO))
+        said = capsys.readouterr().err
+        assert e.value.code == 2 and "declares the lines en-de, de-en" in said, said
+        assert "meta.recipe" in said
+    declare(tmp_path, "  transformer:\n    path: data/package\n")
+    args = recipe_args(
+        ["--retrain-preset", "wmt14-en-de-base", "--local-only"], serve, "", tmp_path
+    )
+    assert args.retrain_preset == "wmt14-en-de-base"
+    assert recipe_args(["--local-only"], serve, "", tmp_path).retrain_preset == "demo"

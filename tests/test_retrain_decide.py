@@ -14,7 +14,7 @@ from helpers.checkout import checkout
 from prefect_fixtures import DVC, sh
 
 from flows.pipeline import prepare
-from flows.promote import retrain_margin
+from flows.recipe import resolve
 from flows.retrain import KEPT, decide_start
 from flows.shell import check_override, read_section
 from flows.significance import Rules
@@ -101,7 +101,10 @@ def test_the_gate_settings_leave_dvc_status_clean(tmp_path):
     set_params(project, margin=2.5, max_oov_rate=0.3, **gate)
     assert status() == {}
     assert Rules.of(read_section(project, "retrain")) == Rules(2.5, 0.01, 0.5, 200, 7)
-    assert read_section(project, "retrain")["margin"] == 2.5 == retrain_margin(project)
+    assert read_section(project, "retrain")["margin"] == 2.5
+    assert resolve(project).rules.margin == 0.0  # the gate is the committed params.yaml's
+    sh("git", "commit", "-qam", "the gate's settings", cwd=project)
+    assert resolve(project).rules == Rules(2.5, 0.01, 0.5, 200, 7)
     set_params(project, parent="v9.0.0")  # what the stage reads: stale
     assert status() == {
         "parent": [{"changed deps": {"params.yaml": {"retrain.parent": "modified"}}}]
