@@ -145,3 +145,23 @@ def test_without_a_champion_nothing_is_scored_and_the_metrics_say_why(
     for f in (d / "raw").iterdir():
         assert (d / "corpus" / f.name).read_bytes() == f.read_bytes()
     assert (d / "worst.tsv").read_text() == score.TSV_HEAD
+
+
+def test_the_card_names_the_champions_used_and_what_scoring_dropped() -> None:
+    from transformer.core.card import model_card
+
+    used = {
+        "backward": {"line": "de-en", "version": "v3.0.0", "model_sha256": "ab12"},
+        "forward": {"line": None, "version": None, "why": "none declared"},
+    }
+    parts = {"crawl": {"read": 100, "scored": 100, "dropped": 10}, "curated": {"read": 5}}
+    scored = {"scored": True, "method": "X", "read": 105, "dropped": 10, "parts": parts}
+    lineage = {"bleu": 30.0, "split": "test", "helpers": used, "score": scored}
+    card = model_card(lineage, {}, None, {}, "rev")
+    assert "- other lines' champions used: backward de-en@v3.0.0 (model sha256 `ab12`)" in card
+    assert "Train pairs scored by X: 10 of 105 dropped (crawl: 10 of 100)" in card
+    none = {**lineage, "helpers": {"backward": {"line": "de-en", "why": "no champion yet"}}}
+    none["score"] = {"scored": False, "why": "no model to score with"}
+    card = model_card(none, {}, None, {}, "rev")
+    assert "champions used: backward de-en: none (no champion yet)" in card
+    assert "Train pairs not scored: no model to score with." in card

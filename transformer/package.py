@@ -64,7 +64,7 @@ def package(
     eval_dir: Path | None = None,
     plots_dir: Path | None = None,
     helpers: Path | None = None,
-    scored: Path | None = None,
+    scoring: Path | None = None,
 ) -> dict[str, Any]:
     """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
     the version a continued run started from and its ancestors, where given). `manifest`: the
@@ -72,7 +72,7 @@ def package(
     folder, whose hypotheses the scores name are kept in EVAL (the promotion gate tests the
     next candidate against them). `plots_dir`: the train stage's dvclive plots, drawn into
     CURVES, which the card shows. `helpers`: the helpers stage's metrics (the other lines'
-    champions the run used, into lineage.json); `scored`: the score stage's (what scoring the
+    champions the run used, into lineage.json); `scoring`: the score stage's (what scoring the
     corpus dropped, into lineage.json and the card)."""
     cfg = build(PackageConfig, params.get("package") or {}, "package", "params.yaml")
     ckpt = checkpoint.load(model, mmap=True)
@@ -95,7 +95,7 @@ def package(
         )
     if ckpt.get(hardware.KEY):  # where and how it trained (the train stage's record)
         scores[hardware.KEY] = ckpt[hardware.KEY]
-    for key, path in (("parent", parent), ("helpers", helpers), ("score", scored)):
+    for key, path in (("parent", parent), ("helpers", helpers), ("score", scoring)):
         if path is not None:
             scores[key] = _read_json(path)
     hyps = [Path(eval_dir) / h for h in scored_hyps(scores)] if eval_dir is not None else []

@@ -92,7 +92,7 @@ PIN = re.compile(r"^([A-Za-z0-9][\w./-]*?)(@v\d+\.\d+\.\d+)?$")
 
 @dataclass
 class HelpersConfig:
-    """params.yaml `helpers`: one field per role of ROLES (tests/test_helpers.py checks it)."""
+    """params.yaml `helpers`: one field per role of ROLES (tests/test_score.py checks it)."""
 
     backward: str = ""  # the reverse line's champion (tgt -> src): scoring, back-translation
     forward: str = ""  # another line's champion of this direction (src -> tgt): scoring
