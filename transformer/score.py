@@ -242,6 +242,9 @@ def write_corpus(raw: Path, out_dir: Path, paths: list[Path], sides, gone) -> di
             if f.is_file() and f not in paths:
                 _link(f, tmp / f.name)
         for path, side in zip(paths, sides):
+            if not gone.any():  # nothing dropped: the file as it is, no second copy on disk
+                _link(path, tmp / path.name)
+                continue
             with open(tmp / path.name, "w", encoding="utf-8", newline="\n") as fh:
                 fh.writelines(s + "\n" for s, g in zip(side, gone) if not g)
         kept = int((~gone).sum())
