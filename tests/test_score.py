@@ -165,3 +165,29 @@ def test_the_card_names_the_champions_used_and_what_scoring_dropped() -> None:
     card = model_card(none, {}, None, {}, "rev")
     assert "champions used: backward de-en: none (no champion yet)" in card
     assert "Train pairs not scored: no model to score with." in card
+
+
+def test_a_pairs_cross_entropy_is_the_models_own_loss_whatever_its_batch(
+    de_en_helper: Path,
+) -> None:
+    """Teacher-forced mean NLL per target token, as F.cross_entropy of the model's logits says;
+    the same pair in a batch of one or of many (padding changes nothing)."""
+    import torch
+    import torch.nn.functional as F
+
+    from transformer.data.batches import collate
+    from transformer.model.crossent import cross_entropy, encode, load_scorer
+
+    scorer = load_scorer(de_en_helper, "fp32")
+    corpus = de_en_helper.parent / "raw"
+    de = (corpus / "test.de").read_text().splitlines()[:40]
+    en = (corpus / "test.en").read_text().splitlines()[:40]
+    alone = cross_entropy(scorer, de, en, batch_tokens=1)  # a pair a batch
+    many = cross_entropy(scorer, de, en, batch_tokens=16384)
+    assert np.allclose(alone, many, atol=1e-4)
+    src, tgt = (encode(scorer.tokenizer, [x], 1024)[0] for x in (de[3], en[3]))
+    b = collate([(src, tgt)])
+    with torch.inference_mode():
+        logits = scorer.model(b.src, b.tgt_in)[0]  # (T, V)
+        want = F.cross_entropy(logits, b.tgt_out[0]).item()
+    assert abs(many[3] - want) < 1e-4

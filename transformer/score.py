@@ -117,7 +117,12 @@ def score_pairs(
         )
         seconds = time.perf_counter() - t0
         rate = round(len(x) / max(seconds, 1e-9), 1)
-        speed[role] = {"seconds": round(seconds, 2), "pairs_per_second": rate}
+        speed[role] = {
+            "seconds": round(seconds, 2),
+            "pairs_per_second": rate,
+            "precision": scorer.precision,
+            "device": scorer.device.type,
+        }
     return out
 
 
@@ -161,7 +166,8 @@ def score(
     have = tuple(r for r in ("forward", "backward") if roles.package(helpers_dir, r))
     rules = {name: cfg.part(name) for name in names}
     active = {n for n in names if have and (rules[n][0] > 0 or rules[n][1] > 0)}
-    sel = np.array([i for n, a, b in parts if n in active for i in range(a, b)], np.int64)
+    spans = [np.arange(a, b) for n, a, b in parts if n in active]
+    sel = np.concatenate(spans) if spans else np.zeros(0, np.int64)  # the scored pairs' lines
     speed: dict[str, Any] = {}
     h, cost = {}, np.zeros(0)
     if len(sel):
