@@ -17,11 +17,11 @@ the recipe is the project's params.yaml (or serve's --retrain-preset/--retrain-o
 schedule serve's --cron, the gate params.yaml's retrain section. read() checks every line
 before anything runs: a bad one is a LineError naming dvc.yaml, the line and the key.
 
-`uses` names, per role (transformer/core/sections/helpers.py), the line whose champion a run of this one
-uses: `backward` translates the other way (the reverse line: scoring the corpus), `forward` the
-same way. Each run pins the used line's champion as it is when the run starts (flows/helpers.py);
-a line with no champion yet is trained without, unless `required: true`. A line that uses
-itself, or one of another language pair or direction, is a LineError.
+`uses` names, per role (ROLES in transformer/core/sections/helpers.py), the line whose champion
+a run of this one uses: `backward` translates the other way (the reverse line: scoring the
+corpus), `forward` the same way. Each run pins the used line's champion as it is when the run
+starts (flows/helpers.py); a line with no champion yet is trained without, unless `required:
+true`. A line that uses itself, or one of another language pair or direction, is a LineError.
 Torch-free; the recipe is checked by transformer.core.presets, as `python -m transformer.config
 check` checks it.
 """

@@ -32,7 +32,9 @@ LINES = """artifacts:
     path: data/package
     type: model
     meta:
-      recipe: {preset: demo, overrides: [train.max_steps=500, download.src_lang=de, download.tgt_lang=en]}
+      recipe:
+        preset: demo
+        overrides: [train.max_steps=500, download.src_lang=de, download.tgt_lang=en]
       schedule: {cron: "0 4 * * 1", timezone: UTC}
       retrain: {margin: 0.5}
       uses: {backward: {line: en-de}}

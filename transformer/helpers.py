@@ -2,10 +2,10 @@
 
     python -m transformer.helpers data/helpers --metrics data/metrics/helpers.json
 
-For each role of transformer/core/sections/helpers.py, params.yaml `helpers.ROLE` pins what the run uses:
-LINE@VERSION, whose package the flows fetched into data/helpers/ROLE (by hand: `dvc artifacts
-get . LINE --rev VERSION -o data/helpers/ROLE`); LINE alone, a declared line with no champion
-yet; or nothing. The stage checks a pinned package (its model and tokenizer belong together, it
+For each role (ROLES in transformer/core/sections/helpers.py), params.yaml `helpers.ROLE` pins
+what the run uses: LINE@VERSION, whose package the flows fetched into data/helpers/ROLE (by
+hand: `dvc artifacts get . LINE --rev VERSION -o data/helpers/ROLE`); LINE alone, a declared
+line with no champion yet; or nothing. The stage checks a pinned package (its model and tokenizer belong together, it
 translates the role's direction) and leaves its files as fetched, so DVC's hash of the folder is
 the packages' own and a new champion of a used line reruns the stages that use it. A role
 without one is emptied but for NONE, a line saying why, which the stages that use the role
