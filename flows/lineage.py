@@ -18,10 +18,12 @@ from typing import Any
 from flows.dag import Stage, commit_sha, files_at, locked_outs
 from transformer.core.layout import NOT_PACKAGED
 from transformer.core.metrics import CONTRACT, KEYS, get
+from transformer.core.sections import helpers as roles
 from transformer.core.settings import parse_yaml
 
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
+HELPERS = "helpers"  # dvc.yaml: the other lines' champions a run used (flows/helpers.py)
 TRAIN = "train"  # dvc.yaml: its metrics' `origin`, the run whose checkpoints it went on from
 
 # evaluate's values that metrics written by older versions of the stage may lack: the record
@@ -184,6 +186,16 @@ def test_set_hash(
     return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else None
 
 
+def used(flat: dict[str, Any]) -> str | None:
+    """The other lines' champions a run used, in words with their versions (the helpers
+    stage's metrics, flattened: "backward/version" ...), or why a declared one was not."""
+    nested: dict[str, dict[str, Any]] = {}
+    for key, v in flat.items():
+        role, _, field = key.partition("/")
+        nested.setdefault(role, {})[field] = v
+    return "; ".join(roles.describe(nested)) or None
+
+
 def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> dict[str, Any]:
     """The record of the run in `snap`, trained from commit `rev`: every FIELDS value (None when
     missing), data/shards/code/params hashes, `extra` (recipe, experiment...)."""
@@ -213,6 +225,7 @@ def lineage(snap: Snapshot, dag: dict[str, Stage], rev: str, **extra: Any) -> di
     else:  # a project without the parent stage
         record["parent"] = record["parent_chain"] = None
     record["parent_hash"] = outs_hash(lock, dag, PARENT) or None  # the package DVC saw
+    record["helpers"] = used(read_metrics(snap, dag.get(HELPERS))) if HELPERS in dag else None
     trained = read_metrics(snap, dag.get(TRAIN))  # a run that went on from another's checkpoints
     origin = {k.removeprefix("origin/"): v for k, v in trained.items() if k.startswith("origin/")}
     record["origin"] = origin or None

@@ -10,11 +10,18 @@ Each entry under dvc.yaml's `artifacts:` is a line, with its settings in the art
           recipe: {preset: demo, overrides: [train.max_steps=800]}
           schedule: {cron: "0 3 * * 1", timezone: UTC}     # null: run by hand only
           retrain: {margin: 0.5, mode: continue}          # over the recipe's retrain section
+          uses: {backward: {line: de-en, required: false}}  # other lines' champions (issue 81)
 
 An artifact without `meta` (a project from before lines) is one line with the behaviour it had:
 the recipe is the project's params.yaml (or serve's --retrain-preset/--retrain-override), the
 schedule serve's --cron, the gate params.yaml's retrain section. read() checks every line
 before anything runs: a bad one is a LineError naming dvc.yaml, the line and the key.
+
+`uses` names, per role (ROLES in transformer/core/sections/helpers.py), the line whose champion
+a run of this one uses: `backward` translates the other way (the reverse line: scoring the
+corpus), `forward` the same way. Each run pins the used line's champion as it is when the run
+starts (flows/helpers.py); a line with no champion yet is trained without, unless `required:
+true`. A line that uses itself, or one of another language pair or direction, is a LineError.
 Torch-free; the recipe is checked by transformer.core.presets, as `python -m transformer.config
 check` checks it. read(project, rev) reads the lines as a commit declares them (its dvc.yaml,
 params.yaml and presets/), which is what a run of that commit trains (flows/recipe.py).
@@ -30,13 +37,23 @@ from typing import Any
 
 import yaml
 
-META_KEYS = ("recipe", "schedule", "retrain")
+META_KEYS = ("recipe", "schedule", "retrain", "uses")
 RECIPE_KEYS = ("preset", "overrides")
 SCHEDULE_KEYS = ("cron", "timezone")
+USE_KEYS = ("line", "required")
 
 
 class LineError(ValueError):
     """A bad declaration: names dvc.yaml, the line and the key."""
+
+
+@dataclass(frozen=True)
+class Use:
+    """Another line's champion, used in `role` (meta.uses.ROLE)."""
+
+    role: str
+    line: str
+    required: bool = False  # no champion yet: an error, not a run without it
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,8 @@ class Line:
     timezone: str | None = None
     declared: bool = True  # False: an artifact without meta (today's single artifact)
     retrain: dict[str, Any] = field(default_factory=dict)
+    uses: tuple[Use, ...] = ()
+    langs: tuple[str, str] | None = None  # (download.src_lang, tgt_lang) its recipe resolves to
 
 
 class _Loader(yaml.SafeLoader):
@@ -152,7 +171,31 @@ def _read(files: Files, text: str) -> list[Line]:
         raise LineError(f"{path}: {str(e).removeprefix('dvc.yaml ')}") from None
     if not arts:
         raise LineError(f"{path}: no model declared (no entry under artifacts:)")
-    return [check(files, name, spec or {}) for name, spec in arts.items()]
+    found = [check(files, name, spec or {}) for name, spec in arts.items()]
+    check_uses(files.where("dvc.yaml"), found)
+    return found
+
+
+def check_uses(where_file: str, found: list[Line]) -> None:
+    """Each line's `uses`: a line declared here, not itself, of the role's direction."""
+    from transformer.core.sections import helpers as roles
+
+    by_name = {x.name: x for x in found}
+    for x in found:
+        for u in x.uses:
+            where = f"{where_file}: artifacts.{x.name}.meta.uses.{u.role}.line"
+            other = by_name.get(u.line)
+            if other is None:
+                raise LineError(f"{where}: no line {u.line!r} (declared: {', '.join(by_name)})")
+            if other is x:
+                raise LineError(f"{where}: {x.name} uses itself (a {u.role} model is another line)")
+            want = roles.direction(u.role, x.langs)
+            if other.langs != want:
+                have = " -> ".join(other.langs or ("?", "?"))
+                raise LineError(
+                    f"{where}: {u.line} translates {have}; a {u.role} model of {x.name} "
+                    f"({' -> '.join(x.langs)}) must translate {' -> '.join(want)}"
+                )
 
 
 def get(project: Path, name: str | None, rev: str | None = None) -> Line:
@@ -188,7 +231,7 @@ def check(files: Files, name: str, spec: dict[str, Any]) -> Line:
         raise LineError(f"{where}.path: missing")
     meta = spec.get("meta")
     if meta is None:
-        return Line(name, spec["path"], declared=False)
+        return Line(name, spec["path"], declared=False, langs=project_langs(files))
     meta = _keys(meta, META_KEYS, f"{where}.meta")
     recipe = _keys(meta.get("recipe") or {}, RECIPE_KEYS, f"{where}.meta.recipe")
     preset = recipe.get("preset")
@@ -197,11 +240,39 @@ def check(files: Files, name: str, spec: dict[str, Any]) -> Line:
         raise LineError(f"{where}.meta.recipe.overrides: a list of KEY=VALUE strings")
     gate = _keys(meta.get("retrain") or {}, None, f"{where}.meta.retrain")
     every = [*overrides, *retrain_overrides(gate)]
-    check_recipe(files, preset, overrides, where, ".meta.recipe.overrides")
+    sections = check_recipe(files, preset, overrides, where, ".meta.recipe.overrides")
+    langs = (sections["download"].src_lang, sections["download"].tgt_lang)
     if gate:
         check_recipe(files, preset, every, where, ".meta.retrain")
     cron, tz = schedule(meta.get("schedule"), f"{where}.meta.schedule")
-    return Line(name, spec["path"], preset, tuple(every), cron, tz, True, gate)
+    used = uses(meta.get("uses"), f"{where}.meta.uses")
+    return Line(name, spec["path"], preset, tuple(every), cron, tz, True, gate, used, langs)
+
+
+def uses(value: Any, where: str) -> tuple[Use, ...]:
+    """meta.uses: {ROLE: {line: NAME, required: bool}} as Uses, each key checked."""
+    from transformer.core.sections import helpers as roles
+
+    out = []
+    for role, spec in _keys(value or {}, tuple(roles.ROLES), where).items():
+        spec = _keys(spec, USE_KEYS, f"{where}.{role}")
+        if not isinstance(spec.get("line"), str) or not spec["line"]:
+            raise LineError(f"{where}.{role}.line: missing (the name of the line it uses)")
+        if not isinstance(spec.get("required", False), bool):
+            raise LineError(f"{where}.{role}.required: true or false, got {spec['required']!r}")
+        out.append(Use(role, spec["line"], spec.get("required", False)))
+    return tuple(out)
+
+
+def project_langs(files: Files) -> tuple[str, str] | None:
+    """The language pair of the project's params.yaml (an undeclared line's recipe)."""
+    from transformer.core.settings import parse_yaml
+
+    try:
+        dl = (parse_yaml(files.text("params.yaml") or "{}") or {}).get("download") or {}
+    except ValueError:  # not a params file: checked where a run reads it
+        return None
+    return dl.get("src_lang", "en"), dl.get("tgt_lang", "de")
 
 
 def _keys(value: Any, allowed: tuple[str, ...] | None, where: str) -> dict[str, Any]:

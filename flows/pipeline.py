@@ -5,7 +5,8 @@ A run never touches the user's checkout: it works in the project's run workspace
 the workspace's params.yaml. Each task is `dvc repro --single-item STAGE` there, so DVC decides
 what is stale, skips what is not, fills the shared cache and writes dvc.lock; a stage starts as
 soon as its upstream stages are done. The run is saved with `dvc exp save` (params, dvc.lock,
-metrics; the recipe in the commit message), so `dvc exp show` in the checkout lists it.
+metrics; the recipe in the commit message), so `dvc exp show` in the checkout lists it. The
+other lines' champions params.yaml pins (`helpers`) are fetched first (flows/helpers.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from prefect.futures import wait
 from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
-from flows import lineage, lines, progress, recipe, workspace
+from flows import helpers, lineage, lines, progress, recipe, workspace
 from flows.artifacts import written
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
@@ -311,6 +312,7 @@ def run_experiment(
     # the train stage records it in its checkpoints: a later run that goes on from them (the
     # workspace keeps one set) says from which experiment, at which step
     os.environ["TRANSFORMER_RUN"] = name
+    helpers.fetch(ws, dag)  # the other lines' champions params.yaml pins, for the helpers stage
     stages = run_stages(ws, dag, download_retries, retry_delay_s, done=done)
     recipe = {"preset": preset, "overrides": overrides, **({"line": line} if line else {})}
     exp_commit = save_experiment(ws, dag, name, recipe)

@@ -4,7 +4,8 @@ failed before they saved an experiment.
 
     python -m flows.results [PROJECT]            # or: make results; fits 120 columns
     python -m flows.results [PROJECT] --wide     # with the recipe, the parent, how it trained
-                                                 # (the update path: eager, captured, compiled)
+                                                 # (the update path: eager, captured, compiled),
+                                                 # the other lines' champions it used
     python -m flows.results [PROJECT] --line NAME  # one line's runs (flows/lines.py)
 
 A project of several lines gets one table per line, each marking its own champion: a run's line
@@ -37,13 +38,13 @@ from typing import Any
 
 from flows import lines, registry
 from flows.dag import Stage, read_dag
-from flows.lineage import EVALUATE, PARENT, Snapshot, flatten
+from flows.lineage import EVALUATE, HELPERS, PARENT, Snapshot, flatten, used
 from transformer.core.metrics import KEYS
 
 TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
 COLUMNS = ("", "experiment", "version", "parent", "recipe", "BLEU", "steps", "time", "decision")
-WIDE = (*COLUMNS, "trained")
+WIDE = (*COLUMNS, "trained", "helpers")  # helpers: the other lines' champions it used
 NARROW = ("", "experiment", "version", "BLEU", "steps", "time", "decision")
 NUMERIC = {"BLEU", "steps", "time"}
 WIDTH = 120  # the narrow table's: its decision column is cut to fit
@@ -177,6 +178,7 @@ def rows(project: Path, line: str | None = None, failed: bool = True) -> list[li
                 ds,
                 began,
                 update_used(trained),
+                used(metrics(entry, dag.get(HELPERS))),
             )
         )
     for commit, ds in decided.items():  # decisions on experiments this clone does not have
@@ -220,6 +222,7 @@ def unassigned(project: Path) -> list[list[str]]:
                 seconds,
                 [],
                 began,
+                use=used(metrics(entry, dag.get(HELPERS))),
             )
         )
     return out + failed_runs(project)
@@ -247,19 +250,23 @@ def update_used(trained: dict[str, Any]) -> str | None:
     return f"{update} update" + (f", {shapes} shape(s) fell back to eager" if shapes else "")
 
 
-def row(champion, name, version, parent, recipe_, bleu, steps, seconds, ds, began=None, how=None):
-    """A table row, WIDE's columns, "-" where unknown; `how`: the update path used."""
+def row(
+    champion, name, version, parent, rec, bleu, steps, secs, ds, began=None, how=None, use=None
+):
+    """A table row, WIDE's columns, "-" where unknown; `how`: the update path used; `use`: the
+    other lines' champions the run used, with their versions."""
     cells = [
         "*" if champion else "",
         name,
         version,
         parent,
-        recipe_,
+        rec,
         number(bleu),
         steps,
-        duration(seconds),
+        duration(secs),
         "; ".join([*([began] if began else []), *(d["verdict"] for d in ds)]),
         "; ".join([*([how] if how else []), *(d["trained"] for d in ds if d.get("trained"))]),
+        use,
     ]
     return ["-" if c is None else str(c) for c in cells]
 
@@ -346,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         "--wide",
         action="store_true",
         help="every column, uncut: the recipe, the parent, how a retrain trained (continued, or "
-        "why it fell back to scratch)",
+        "why it fell back to scratch), the other lines' champions it used (with versions)",
     )
     parser.add_argument("--line", help="one line's runs (default: every line's, grouped)")
     args = parser.parse_args(argv)

@@ -17,7 +17,9 @@ decision into params.yaml once, then runs each stage once.
 
 Each line of the project (flows/lines.py) retrains in its own run workspace behind its own lock,
 against its own champion: `line` names it (the deployment `retrain/NAME` passes it); the
-project's only line when None.
+project's only line when None. The other lines' champions it uses (its `meta.uses`) are pinned
+as the run starts (flows/helpers.py): a new champion of a used line is a changed recipe, and the
+decision names each one used, or says the run trained without it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows import lineage, recipe, registry, tags, workspace
+from flows import helpers, lineage, recipe, registry, tags, workspace
 from flows.artifacts import written
 from flows.dag import Stage, read_dag
 from flows.locks import workspace_lock
@@ -172,6 +174,25 @@ def plan(
     return decide_start(mode, champion, theirs, params, cfg["max_oov_rate"], fit), cfg
 
 
+def used(
+    root: Path, ws: Path, champion: dict[str, Any] | None, pinned: helpers.Pinned, changed: list
+) -> list[str]:
+    """The decision's words on the other lines' champions the run uses: each one's version (or
+    that it has none yet), and, where the recipe changed, the pins that moved since the
+    champion (a used line's new champion)."""
+    from transformer.core.settings import read_params
+
+    out = [f"using {pinned.text()}"] if pinned.said else []
+    if "params_sha256" in changed and champion and champion.get("experiment_commit"):
+        text = lineage.Snapshot(root, champion["experiment_commit"]).text("params.yaml")
+        moved = helpers.changed(parse_yaml(text or "{}"), read_params(ws / "params.yaml"))
+        if moved:
+            out.append(
+                f"used champions changed since {champion.get('version')}: {'; '.join(moved)}"
+            )
+    return out
+
+
 @flow(name="retrain", log_prints=True)
 def retrain(
     preset: str | None = recipe.LINE_RECIPE,
@@ -197,8 +218,11 @@ def retrain(
     run = recipe.resolve(root, line, workspace.resolve(root, rev), preset, overrides or [])
     found, preset, overrides = run.line, run.preset, list(run.overrides)
     line = found.name
-    if not local_only and tags.has_remote(root):  # the champion as origin knows it
-        sync(root, line)
+    if not local_only and tags.has_remote(root):  # the champions as origin knows them
+        for name in (line, *(u.line for u in found.uses)):
+            sync(root, name)
+    pinned = helpers.pins(root, found)  # a required champion missing: stops here too
+    overrides = [*overrides, *pinned.overrides]
     key = line if found.declared else None  # an undeclared single artifact: today's workspace
     with workspace_lock(root, key):
         start_attempt()
@@ -218,6 +242,7 @@ def retrain(
             "candidate": None,
             "version": None,
             "parent": None,
+            "helpers": pinned.text() or None,
         }
         if not changed:
             out["reason"] = (
@@ -227,7 +252,8 @@ def retrain(
         else:
             logger().info("changed since the champion: %s", ", ".join(changed))
             start, _ = plan(root, ws, dag, champion, line)
-            logger().info("training %s", start.why)
+            trained = "; ".join([start.why, *used(root, ws, champion, pinned, changed)])
+            logger().info("training %s", trained)
             if start.overrides:  # the decision, written once; then each stage runs once
                 apply_params(ws, None, list(start.overrides))
             extra = [*overrides, *start.overrides]
@@ -251,7 +277,7 @@ def retrain(
                     candidate["experiment_commit"],
                     run.rules.margin,
                     run_id,
-                    trained=start.why,
+                    trained=trained,
                     rules=run.rules,
                     line=line,
                     local_only=local_only,
@@ -259,8 +285,8 @@ def retrain(
             )
             out["parent"] = start.parent
             out["stages"] = candidate["stages"]
-            out["trained"] = start.why
-            out["reason"] = f"{', '.join(changed)} changed; trained {start.why}; {out['reason']}"
+            out["trained"] = trained
+            out["reason"] = f"{', '.join(changed)} changed; trained {trained}; {out['reason']}"
     logger().info("retrain: %s", out["reason"])
     written(  # its description is what `python -m flows.run --wait` prints
         create_markdown_artifact,

@@ -20,6 +20,7 @@ from helpers.continuing import (  # noqa: F401 (fixtures: a real v1.0.0 champion
 )
 from helpers.decode import copy_model, model_files, sources  # noqa: F401 (fixtures)
 from helpers.evaluate import scored, stage_inputs  # noqa: F401 (fixtures: a tiny trained pipeline)
+from helpers.helper_model import de_en_helper  # noqa: F401 (fixture: another line's champion)
 from helpers.train import corpus  # noqa: F401 (fixture: a tiny corpus through the stages)
 from prefect_fixtures import prefect_server_fixture  # noqa: F401 (session Prefect server)
 

@@ -72,6 +72,20 @@ if stage == "download":  # the upstream corpus (TOY_CORPUS) is outside the repo,
         pathlib.Path(f"data/raw/{split}.en").write_text(text)
         files[split] = {"files": {f"{split}.en": {"sha256": sha(f"data/raw/{split}.en")}}}
     dump("data/metrics/download.json", {"source": "toy", "splits": files})
+elif stage == "helpers":  # the real stage's record (transformer/helpers.py) of what was fetched
+    out = {}
+    for role in ("backward", "forward"):
+        line, _, version = ((P.get("helpers") or {}).get(role) or "").partition("@")
+        d = pathlib.Path("data/helpers", role)
+        if version:
+            out[role] = {"line": line, "version": version, "model_sha256": sha(d / "model.pt")}
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
+            (d / "NONE").write_text("none\n")
+            why = f"{line} had no champion yet when this run started" if line else "none"
+            out[role] = {"line": line or None, "version": None, "why": why}
+    dump("data/metrics/helpers.json", out)
 elif stage == "tokenizer":
     barrier("tokenizer", "stats")
     words = sorted(set(open("data/raw/train.en").read().split()))

@@ -35,19 +35,38 @@ LINES = """artifacts:
   en-de:
     path: data/package
     type: model
-    meta: {recipe: {preset: demo}, schedule: null}
+    meta: {recipe: {preset: demo}, schedule: null, uses: {backward: {line: de-en}}}
   de-en:
     path: data/package
     type: model
     meta:
-      recipe: {preset: demo, overrides: [train.max_steps=500]}
+      recipe:
+        preset: demo
+        overrides: [train.max_steps=500, download.src_lang=de, download.tgt_lang=en]
       schedule: {cron: "0 4 * * 1", timezone: UTC}
       retrain: {margin: 0.5}
+      uses: {backward: {line: en-de}}
+"""
+# the other lines' champions a run uses (issue 81): the toy's helpers stage records what the
+# flows fetched into data/helpers, which the toy tokenizer then depends on (as the real score
+# stage does)
+HELPERS = """  helpers:
+    cmd: python toy.py helpers
+    deps: [toy.py]
+    params: [helpers]
+    outs: [{data/helpers: {persist: true}}]
+    metrics: [data/metrics/helpers.json]
+  tokenizer:
+    cmd: python toy.py tokenizer
+    deps: [data/raw, data/helpers, toy.py]
 """
 
 
 def declare(toy: Path, artifacts: str) -> None:
     text = (toy / "dvc.yaml").read_text()
+    if "uses:" in artifacts:
+        old = "  tokenizer:\n    cmd: python toy.py tokenizer\n    deps: [data/raw, toy.py]\n"
+        text = text.replace(old, HELPERS)
     (toy / "dvc.yaml").write_text(text.split("artifacts:")[0] + artifacts)
     sh("git", "commit", "-qam", "the lines", cwd=toy)
 
@@ -204,6 +223,26 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
     assert "line de-en: champion de-en@v1.0.0" in r.stdout
     one = python(["-m", "flows.results", "--line", "de-en"], toy, env).stdout
     assert "line en-de" not in one and "refused" in one and one.count("*") == 1, one
+
+    # issue 81: each line's first run had no champion of the other to use, and its lineage says
+    # so; en-de's next retrain pins de-en's champion, a changed recipe: it trains, using it
+    record = ["-c", "from flows import registry; print(registry.champion('.', 'en-de'))"]
+    assert (
+        "'helpers': 'backward de-en: none (de-en had no champion yet"
+        in python(record, toy, env).stdout
+    )
+    retrain = ["-c", "from flows.retrain import retrain; print(retrain(line='en-de')['reason'])"]
+    r = python(retrain, toy, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "params_sha256 changed; trained from scratch" in r.stdout, r.stdout
+    assert (
+        "using backward de-en@v1.0.0; used champions changed since v1.0.0: backward de-en ->"
+        in (r.stdout)
+    )
+    fetched = toy / ".dvc/tmp/flows/lines/en-de/data/helpers/backward/model.pt"
+    assert fetched.read_text() == (clone / "de-en" / "model.pt").read_text()  # its champion's
+    wide = python(["-m", "flows.results", "--line", "en-de", "--wide"], toy, env).stdout
+    assert "backward de-en@v1.0.0" in wide and "backward de-en: none" in wide, wide
 
 
 OLD = "93a8df7"  # the last commit before lines: its flows/ as a project promoted then has it

@@ -115,6 +115,40 @@ BAD = {
         "  a1:\n    path: p\n    meta: {schedule: {cron: '0 3 *'}}\n",
         "artifacts.a1.meta.schedule: Value error, Invalid cron string",
     ),
+    # issue 81: the champions a line uses
+    "uses itself": (
+        "  en-de:\n    path: p\n    meta: {recipe: {preset: demo}, uses: {backward: {line: en-de}}}\n",
+        "artifacts.en-de.meta.uses.backward.line: en-de uses itself",
+    ),
+    "wrong direction": (
+        (
+            "  en-de:\n    path: p\n    meta: {recipe: {preset: demo}, uses: {backward: {line: big}}}\n"
+            "  big:\n    path: p\n    meta: {recipe: {preset: wmt14-en-de-base}}\n"
+        ),
+        (
+            "artifacts.en-de.meta.uses.backward.line: big translates en -> de; a backward model "
+            "of en-de (en -> de) must translate de -> en"
+        ),
+    ),
+    "another pair": (
+        (
+            "  en-de:\n    path: p\n    meta: {recipe: {preset: demo}, uses: {forward: {line: fr}}}\n"
+            "  fr:\n    path: p\n    meta: {recipe: {preset: multi30k-en-fr}}\n"
+        ),
+        "artifacts.en-de.meta.uses.forward.line: fr translates en -> fr; a forward model",
+    ),
+    "unknown line": (
+        "  a1:\n    path: p\n    meta: {uses: {backward: {line: nope}}}\n",
+        "artifacts.a1.meta.uses.backward.line: no line 'nope' (declared: a1)",
+    ),
+    "unknown role": (
+        "  a1:\n    path: p\n    meta: {uses: {teacher: {line: a1}}}\n",
+        "artifacts.a1.meta.uses.teacher: unknown key (known: backward, forward)",
+    ),
+    "use key": (
+        "  a1:\n    path: p\n    meta: {uses: {backward: {line: a1, required: maybe}}}\n",
+        "artifacts.a1.meta.uses.backward.required: true or false, got 'maybe'",
+    ),
 }
 
 
@@ -151,6 +185,11 @@ def test_the_project_declares_two_lines_on_the_offline_corpus() -> None:
         "de-en": "demo-de-en",
     }
     assert {a["path"] for a in arts.values()} == {"data/package"}
+    # out of the box they use each other: each scores its corpus with the other's champion
+    assert {n: a["meta"]["uses"] for n, a in arts.items()} == {
+        "en-de": {"backward": {"line": "de-en", "required": False}},
+        "de-en": {"backward": {"line": "en-de", "required": False}},
+    }
     if not (ROOT / "presets/demo-de-en.yaml").exists():
         pytest.skip("presets/demo-de-en.yaml lands with the German->English demo corpus")
     assert [x.name for x in lines.read(ROOT)] == ["en-de", "de-en"]

@@ -4,7 +4,8 @@
 
 The folder is dvc.yaml's artifact (what `dvc artifacts get` fetches and a promotion tags) and
 what `transformer-translate --model DIR` reads: model.pt, tokenizer/, lineage.json (the
-evaluate stage's scores, signatures and hashes), params.yaml (the settings it was trained and
+evaluate stage's scores, signatures and hashes; the parent, the other lines' champions used
+and what scoring the corpus dropped), params.yaml (the settings it was trained and
 decoded with), curves.svg (the training curves, with --plots), eval/ (the hypotheses behind
 the scores, which the promotion gate tests the next candidate against) and README.md (the model card, transformer/core/card.py); with params `package`, also
 hf/ (Hugging Face's MarianMTModel) and ctranslate2/ (transformer/export.py, docs/export.md).
@@ -62,13 +63,17 @@ def package(
     manifest: Path | None = None,
     eval_dir: Path | None = None,
     plots_dir: Path | None = None,
+    helpers: Path | None = None,
+    scoring: Path | None = None,
 ) -> dict[str, Any]:
     """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
     the version a continued run started from and its ancestors, where given). `manifest`: the
     download stage's, for the model card's data section. `eval_dir`: the evaluate stage's
     folder, whose hypotheses the scores name are kept in EVAL (the promotion gate tests the
     next candidate against them). `plots_dir`: the train stage's dvclive plots, drawn into
-    CURVES, which the card shows."""
+    CURVES, which the card shows. `helpers`: the helpers stage's metrics (the other lines'
+    champions the run used, into lineage.json); `scoring`: the score stage's (what scoring the
+    corpus dropped, into lineage.json and the card)."""
     cfg = build(PackageConfig, params.get("package") or {}, "package", "params.yaml")
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
@@ -90,11 +95,9 @@ def package(
         )
     if ckpt.get(hardware.KEY):  # where and how it trained (the train stage's record)
         scores[hardware.KEY] = ckpt[hardware.KEY]
-    if parent is not None:
-        try:
-            scores["parent"] = json.loads(Path(parent).read_text())
-        except (OSError, ValueError) as e:
-            raise PackageError(f"{parent}: not a readable metrics file ({e})") from None
+    for key, path in (("parent", parent), ("helpers", helpers), ("score", scoring)):
+        if path is not None:
+            scores[key] = _read_json(path)
     hyps = [Path(eval_dir) / h for h in scored_hyps(scores)] if eval_dir is not None else []
     if missing := [str(h) for h in hyps if not h.is_file()]:
         raise PackageError(f"{metrics} names hypotheses that are not there: {', '.join(missing)}")
@@ -182,6 +185,12 @@ def main(argv: list[str] | None = None) -> None:
         "--manifest", type=Path, help="the download stage's manifest (into the model card)"
     )
     parser.add_argument(
+        "--helpers", type=Path, help="the helpers stage's metrics JSON (into lineage.json)"
+    )
+    parser.add_argument(
+        "--score", type=Path, help="the score stage's metrics JSON (into lineage.json, the card)"
+    )
+    parser.add_argument(
         "--eval", type=Path, help="the evaluate stage's folder (its hypotheses into eval/)"
     )
     parser.add_argument(
@@ -202,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
             args.manifest,
             args.eval,
             args.plots,
+            args.helpers,
+            args.score,
         )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")

@@ -15,11 +15,13 @@ import yaml
 
 from transformer.core import hardware, presets
 from transformer.core.layout import CURVES, NOT_PACKAGED
+from transformer.core.sections import helpers as roles
 
 LICENSE = "mit"  # the code's (pyproject.toml); the data's own terms are the user's to check
 # the recipe compared with the presets: what trained the model, not how it is retrained
-# (NOT_PACKAGED, not in the package's params) nor shipped (`package`, which is)
-NOT_RECIPE = (*NOT_PACKAGED, "package")
+# (NOT_PACKAGED, not in the package's params) nor shipped (`package`, which is), nor the other
+# lines' champions it used (`helpers`: the card's lineage names them)
+NOT_RECIPE = (*NOT_PACKAGED, "package", "helpers")
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -160,6 +162,7 @@ def model_card(
         "",
         *_data(manifest, dl),
         "",
+        *_scoring(lineage.get("score")),
         "## Recipe",
         "",
         f"Preset `{preset}`"
@@ -175,6 +178,7 @@ def model_card(
         ),
         f"- averaged checkpoints: steps {lin.get('averaged_steps')}",
         f"- parent: {_parent(parent)}",
+        f"- other lines' champions used: {_helpers(lineage.get('helpers'))}",
         f"- training: {trained.get('step')} updates, {hours:.2f} h",
         f"- Hardware: {hardware.text(lineage.get(hardware.KEY))}",
         "",
@@ -226,3 +230,34 @@ def _parent(parent: dict[str, Any]) -> str:
         return "none (trained from scratch)"
     fields = ("version", "model_sha256", "step", "bleu", "chain")
     return ", ".join(f"{k} `{parent[k]}`" for k in fields if k in parent)
+
+
+def _helpers(used: dict[str, Any] | None) -> str:
+    """The champions of other lines the run used (the helpers stage's record), with versions."""
+    out = []
+    for role, u in (used or {}).items():
+        for text in roles.describe({role: u}):
+            sha = u.get("model_sha256")
+            out.append(f"{text} (model sha256 `{sha}`)" if sha else text)
+    return "; ".join(out) or "none"
+
+
+def _scoring(scored: dict[str, Any] | None) -> list[str]:
+    """What scoring the corpus with other lines' models dropped (the score stage's record)."""
+    if not scored:
+        return []
+    if not scored.get("scored"):
+        return [f"Train pairs not scored: {scored.get('why')}.", ""]
+    parts = "; ".join(
+        f"{name}: {p.get('dropped')} of {p.get('read')}"
+        for name, p in (scored.get("parts") or {}).items()
+        if p.get("scored")
+    )
+    return [
+        (
+            f"Train pairs scored by {scored.get('method')}: {scored.get('dropped')} of "
+            f"{scored.get('read')} dropped ({parts}); the highest costs are listed in the "
+            "run's worst-pairs TSV."
+        ),
+        "",
+    ]

@@ -17,9 +17,11 @@ from transformer.core.sections.average import AverageConfig
 from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.evaluate import EvaluateConfig
+from transformer.core.sections.helpers import HelpersConfig
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.package import PackageConfig
 from transformer.core.sections.retrain_flow import RetrainFlowConfig
+from transformer.core.sections.score import ScoreConfig
 from transformer.core.sections.shard import ShardConfig
 from transformer.core.sections.tokenizer import TokenizerConfig
 from transformer.core.sections.train import TrainConfig
@@ -36,6 +38,8 @@ PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 SECTIONS: dict[str, type] = {
     "download": DownloadConfig,
+    "helpers": HelpersConfig,  # the champions a run uses (a line's meta.uses), pinned
+    "score": ScoreConfig,
     "tokenizer": TokenizerConfig,
     "shard": ShardConfig,
     "model": ModelConfig,

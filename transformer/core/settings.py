@@ -22,6 +22,8 @@ PARAMS = Path("params.yaml")
 # not named here is a typo, refused by every reader
 SECTIONS = (
     "download",
+    "helpers",
+    "score",
     "tokenizer",
     "shard",
     "model",

@@ -308,6 +308,7 @@ class Transformer(nn.Module):
         eps: float,
         n_targets: int | None = None,
         every_position: bool = False,
+        row_nll: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(loss_sum, nll_sum) over non-pad targets; projects only non-pad positions to V.
 
@@ -316,6 +317,9 @@ class Transformer(nn.Module):
         every_position: project every position and weigh the pad ones 0 instead: no tensor's
         shape then depends on the count, as a captured or compiled update of static-shape
         batches needs (at the price of the padding's share of the output GEMM).
+        row_nll: each projected target's NLL is written there too (scoring a corpus,
+        transformer/model/crossent.py; no gradients): the non-pad targets in (B, T) row-major
+        order, so a sentence's are consecutive (with every_position: all B*T, 0 at padding).
         """
         memory, src_pad_mask = self.encode(src)
         h = self.decode_features(tgt_in, memory, src_pad_mask).flatten(0, 1)  # (B*T, D)
@@ -338,4 +342,4 @@ class Transformer(nn.Module):
                 torch._assert_async(outside.any().logical_not(), f"a target unit is {why}")
             elif bool(outside.any()):
                 raise ValueError(f"target unit {int(ids[outside][0])} is {why}")
-        return output_loss(h, self.output_matrix(), target, eps, self.fused_loss, keep)
+        return output_loss(h, self.output_matrix(), target, eps, self.fused_loss, keep, row_nll)

@@ -62,8 +62,9 @@ CHUNK_ELEMENTS_CPU = 1 << 22
 CHUNK_ELEMENTS_GPU = 1 << 28
 
 
-def _chunks(h, weight, target, keep, eps: float, grads: bool, chunk: int, dtype):
-    """(loss, nll_sum, dL/dh, dL/dW) of _OutputCE's forward, dh and dW None without grads."""
+def _chunks(h, weight, target, keep, eps: float, grads: bool, chunk: int, dtype, row_nll=None):
+    """(loss, nll_sum, dL/dh, dL/dW) of _OutputCE's forward, dh and dW None without grads;
+    each row's NLL written into `row_nll` (N,) too, where given (a pad row's 0)."""
     with torch.autocast(h.device.type, enabled=False):
         x_in, w = h.to(dtype), weight.to(dtype)
         dh = torch.empty_like(h) if grads else None  # (N, D)
@@ -87,6 +88,8 @@ def _chunks(h, weight, target, keep, eps: float, grads: bool, chunk: int, dtype)
                 row_loss, nll = row_loss * k, nll * k
             loss += row_loss.sum()
             nll_sum += nll.sum()
+            if row_nll is not None:
+                row_nll[i : i + rows] = nll
             if grads:  # d loss / d logit = softmax - (1-eps)·onehot - eps/V
                 g = x.div_(s).sub_(eps / V).scatter_add_(1, t, torch.full_like(x[:, :1], eps - 1.0))
                 if keep is not None:
@@ -169,15 +172,30 @@ _output_ce.register_autograd(_output_ce_backward, setup_context=_output_ce_conte
 
 
 def output_loss(
-    h: Tensor, weight: Tensor, target: Tensor, eps: float, fused: bool = True, keep=None
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    fused: bool = True,
+    keep=None,
+    row_nll: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """§5.4 label smoothing on the output projection: (loss_sum, nll_sum) of logits h @ weight.T.
 
     h (N, D) and target (N,) hold no padding, or keep (N,) bool says which rows count (the rest
     weigh 0); loss = (1-eps)·nll + eps·mean_v(-log p_v), i.e. F.cross_entropy(h @ weight.T,
     target, label_smoothing=eps, reduction="sum"). fused: the chunked op above; else exactly
-    that F.linear + F.cross_entropy, the (N, V) logits whole.
+    that F.linear + F.cross_entropy, the (N, V) logits whole. row_nll (N,): also each row's
+    NLL, written there (scoring a corpus, transformer/model/crossent.py: no gradients; the
+    chunked forward whatever `fused` says).
     """
+    if row_nll is not None:
+        if torch.is_grad_enabled():
+            raise ValueError("output_loss(row_nll=...) scores: call it without gradients")
+        dev = h.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+        chunk = CHUNK_ELEMENTS_CPU if dev == "cpu" else CHUNK_ELEMENTS_GPU
+        return _chunks(h, weight, target, keep, eps, False, chunk, dtype, row_nll)[:2]
     if fused:
         dev = h.device.type  # autocast (bf16/fp16) sets the GEMMs' dtype; reductions stay fp32
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
