@@ -13,7 +13,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "transformer"
 # the library's subpackages, lowest first: each may import only those before it
 ORDER = ("core", "data", "model", "training")
-ENTRY = {"download", "parent", "tokenizer", "shard", "train", "average", "evaluate", "package"}
+ENTRY = {
+    "download",
+    "parent",
+    "backtranslate",
+    "tokenizer",
+    "shard",
+    "train",
+    "average",
+    "evaluate",
+}
+ENTRY |= {"package"}
 ENTRY |= {"decode", "export", "config", "launch"}
 
 

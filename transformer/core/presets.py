@@ -14,6 +14,7 @@ import yaml
 from transformer.core import settings
 from transformer.core.files import atomic_write
 from transformer.core.sections.average import AverageConfig
+from transformer.core.sections.backtranslate import BacktranslateConfig
 from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.evaluate import EvaluateConfig
@@ -36,6 +37,7 @@ PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 SECTIONS: dict[str, type] = {
     "download": DownloadConfig,
+    "backtranslate": BacktranslateConfig,
     "tokenizer": TokenizerConfig,
     "shard": ShardConfig,
     "model": ModelConfig,

@@ -22,6 +22,7 @@ PARAMS = Path("params.yaml")
 # not named here is a typo, refused by every reader
 SECTIONS = (
     "download",
+    "backtranslate",
     "tokenizer",
     "shard",
     "model",
