@@ -19,6 +19,7 @@ from helpers.backtranslate import backward_package, bt_params, german
 from prefect_fixtures import DVC, sh
 
 from transformer import backtranslate, decode, download, shard, tokenizer
+from transformer.core.files import sha256_file
 from transformer.core.sections.backtranslate import BacktranslateConfig
 from transformer.data.batches import load_split
 from transformer.data.vocab import load_tokenizer, tokenizer_sha256
@@ -87,7 +88,8 @@ def test_finished_chunks_are_resumed_and_other_inputs_chunks_removed(inputs, tmp
     cfg = BacktranslateConfig(
         **yaml.safe_load(bt_params(tmp_path / "p.yaml").read_text())["backtranslate"]
     )
-    key = backtranslate.fingerprint(mono / "mono.de", backward, cfg, ("en", "de"))
+    model_sha = sha256_file(backward / "model.pt")
+    key = backtranslate.fingerprint(mono / "mono.de", backward, cfg, ("en", "de"), model_sha)
     chunks = tmp_path / "out.chunks"
     (chunks / key).mkdir(parents=True)
     (chunks / key / "000000.en").write_text("".join(f"resumed {i}\n" for i in range(4)))

@@ -2,7 +2,7 @@
 translated into the source language by the backward model (the reverse line's champion), so
 that each line and its translation make a synthetic pair for the shard stage to mix into train.
 
-    python -m transformer.backtranslate data/mono data/backward data/backtranslate \\
+    python -m transformer.backtranslate data/mono data/helpers/backward data/backtranslate \\
         --chunks data/backtranslate.chunks --metrics data/metrics/backtranslate.json
 
 The search is backtranslate.search: the backward model's beam search, or one draw per line from
@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -38,6 +38,7 @@ from transformer.core import allocator, failure, settings
 from transformer.core.files import (
     atomic_dir,
     atomic_write,
+    count_lines,
     remove_partial_writes,
     sha256_file,
     write_json,
@@ -49,6 +50,9 @@ from transformer.core.sections.download import MONO_FILE, DownloadConfig
 from transformer.core.settings import ConfigError
 from transformer.data.vocab import TokenizerError, read_meta, tokenizer_sha256
 
+if TYPE_CHECKING:
+    from transformer.model.translator import Translator
+
 log = logging.getLogger("transformer.backtranslate")
 FORMAT = 1  # of the chunk folder: part of its name, so that another layout never resumes it
 NONE = "NONE"  # the file of a helper's folder that holds no model, saying why (the helpers stage)
@@ -58,11 +62,6 @@ class BacktranslateError(RuntimeError):
     """A missing or mismatched input (text, model, direction); the message names it."""
 
 
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-
-
 def read_chunks(path: Path, size: int):
     """The file's lines (without "\\n"), `size` at a time."""
     with open(path, encoding="utf-8", newline="\n") as f:
@@ -70,12 +69,14 @@ def read_chunks(path: Path, size: int):
             yield chunk
 
 
-def fingerprint(mono: Path, backward: Path, cfg: BacktranslateConfig, langs) -> str:
+def fingerprint(
+    mono: Path, backward: Path, cfg: BacktranslateConfig, langs: tuple[str, str], model_sha: str
+) -> str:
     """A hash of everything the translations depend on: the chunk folder's name."""
     inputs = {
         "format": FORMAT,
         "mono": sha256_file(mono),
-        "model": sha256_file(backward / MODEL),
+        "model": model_sha,
         "tokenizer": tokenizer_sha256(backward / TOKENIZER),
         "settings": {k: asdict(cfg)[k] for k in STAGE_KEYS},
         "langs": list(langs),
@@ -103,7 +104,9 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
 
 
-def translate_chunks(tr, mono: Path, n_lines: int, folder: Path, cfg, src_lang: str) -> dict:
+def translate_chunks(
+    tr: Translator, mono: Path, n_lines: int, folder: Path, cfg: BacktranslateConfig, lang: str
+) -> dict[str, Any]:
     """Translate `mono` chunk by chunk into `folder` (the finished chunks skipped); counts."""
     import torch
 
@@ -115,7 +118,7 @@ def translate_chunks(tr, mono: Path, n_lines: int, folder: Path, cfg, src_lang: 
     bar = tqdm(total=n_lines, desc="backtranslate", unit=" lines", mininterval=1.0, disable=None)
     seconds = 0.0
     for i, lines in enumerate(read_chunks(mono, cfg.chunk_lines)):
-        path = folder / f"{i:06d}.{src_lang}"
+        path = folder / f"{i:06d}.{lang}"
         if path.is_file() and count_lines(path) == len(lines):
             resumed += 1
             bar.update(len(lines))
@@ -147,7 +150,9 @@ def translate_chunks(tr, mono: Path, n_lines: int, folder: Path, cfg, src_lang: 
     }
 
 
-def assemble(mono: Path, folder: Path, out_dir: Path, cfg, langs) -> dict[str, int]:
+def assemble(
+    mono: Path, folder: Path, out_dir: Path, cfg: BacktranslateConfig, langs: tuple[str, str]
+) -> dict[str, int]:
     """out_dir/synthetic.{src,tgt}: each line and its translation, empty translations left out."""
     kept = empty = 0
     with atomic_dir(out_dir) as tmp:
@@ -168,7 +173,7 @@ def assemble(mono: Path, folder: Path, out_dir: Path, cfg, langs) -> dict[str, i
     return {"pairs": kept, "empty_dropped": empty}
 
 
-def empty_output(out_dir: Path, langs) -> None:
+def empty_output(out_dir: Path, langs: tuple[str, str]) -> None:
     with atomic_dir(out_dir) as tmp:
         for lang in langs:
             (tmp / SYNTHETIC.format(lang=lang)).write_text("")
@@ -201,10 +206,11 @@ def backtranslate(
         empty_output(out_dir, langs)
         return {**record, "pairs": 0, "backward": None, "skipped": why}
     meta = check_direction(backward, langs)
-    folder = Path(chunks) / fingerprint(mono, backward, cfg, langs)
+    model_sha = sha256_file(backward / MODEL)
+    folder = Path(chunks) / fingerprint(mono, backward, cfg, langs, model_sha)
     for stale in Path(chunks).glob("*") if Path(chunks).is_dir() else ():
-        if stale != folder:  # chunks of other inputs: never resumable again
-            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        if stale.is_dir() and stale != folder:  # chunks of other inputs: never resumed again
+            shutil.rmtree(stale)
     folder.mkdir(parents=True, exist_ok=True)
     tr = _translator(backward, cfg)
     stats = translate_chunks(tr, mono, n_lines, folder, cfg, langs[0])
@@ -214,14 +220,14 @@ def backtranslate(
         Path(chunks).rmdir()
     backward_record = {
         "path": str(backward),
-        "model_sha256": sha256_file(backward / MODEL),
+        "model_sha256": model_sha,
         "tokenizer_sha256": meta["tokenizer_sha256"],
         "direction": f"{meta['src_lang']}-{meta['tgt_lang']}",
     }
     return {**record, **pairs, **stats, "device": tr.dec.device.type, "backward": backward_record}
 
 
-def _translator(backward: Path, cfg: BacktranslateConfig):
+def _translator(backward: Path, cfg: BacktranslateConfig) -> Translator:
     """The backward model and its tokenizer, loaded for decoding (torch: only when needed)."""
     from transformer.model.checkpoint import CheckpointError
     from transformer.model.translator import DecodeError, load_translator

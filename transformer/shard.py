@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer.core import failure, settings
-from transformer.core.files import atomic_dir, sha256_file, write_json
+from transformer.core.files import atomic_dir, count_lines, sha256_file, write_json
 from transformer.core.ids import EOS_ID, UNK_ID
 from transformer.core.sections.backtranslate import SYNTHETIC, BacktranslateConfig
 from transformer.core.sections.download import DownloadConfig
@@ -316,11 +316,6 @@ def shard(
     return metrics
 
 
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-
-
 def _synthetic(
     raw: Path,
     folder: Path,
@@ -335,7 +330,7 @@ def _synthetic(
     src, tgt = (Path(folder) / SYNTHETIC.format(lang=lang) for lang in langs)
     if not src.is_file() or not tgt.is_file():
         raise DataError(f"{src}: missing (run the backtranslate stage first)")
-    available, real = _count_lines(src), _count_lines(Path(raw) / f"train.{langs[0]}")
+    available, real = count_lines(src), count_lines(Path(raw) / f"train.{langs[0]}")
     n = min(available, int(bt.ratio * real))
     prefix: tuple[int, ...] = ()
     if bt.tag and n:
