@@ -1,10 +1,12 @@
 """Scoring: BLEU equals the sacrebleu CLI's, t2t compound splitting, the stage's files, lineage."""
 
 import json
+import math
 import random
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,13 @@ from transformer.core.files import sha256_file
 from transformer.core.metrics import KEYS
 from transformer.data.vocab import tokenizer_sha256
 from transformer.model import checkpoint
-from transformer.model.scoring import TOK_BLEU, score, tokenize_compound_split
+from transformer.model.scoring import (
+    MOSES_BLEU,
+    TOK_BLEU,
+    score,
+    tokenize_compound_split,
+    tokenize_moses_lc,
+)
 
 
 def sacrebleu_cli(ref: Path, hyp: Path, *extra: str) -> dict:
@@ -77,6 +85,46 @@ def test_compound_splitting_follows_get_ende_bleu():
     assert s[TOK_BLEU] < 100.0
 
 
+def fairseq_bleu4(hyps: list[str], refs: list[str]) -> float:
+    """fairseq's BLEU4 (fairseq/scoring/bleu.py's Scorer over libbleu), written out: per
+    sentence the n-grams of its whitespace tokens, matches clipped by the reference's counts,
+    all summed over the corpus; BP = min(1, exp(1 - reflen / predlen)); no smoothing."""
+    match, count, reflen, predlen = [0] * 4, [0] * 4, 0, 0
+    for hyp, ref in zip(hyps, refs):
+        h, r = hyp.split(), ref.split()
+        reflen, predlen = reflen + len(r), predlen + len(h)
+        for n in range(1, 5):
+            grams = Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
+            theirs = Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
+            match[n - 1] += sum(min(c, theirs[g]) for g, c in grams.items())
+            count[n - 1] += max(len(h) - n + 1, 0)
+    logs = [math.log(m / c) if m else float("-inf") for m, c in zip(match, count)]
+    return min(1.0, math.exp(1 - reflen / predlen)) * math.exp(sum(logs) / 4) * 100
+
+
+def test_moses_lc_bleu_is_fairseqs_bleu4_on_lowercased_moses_tokens(shared_data):
+    refs = (shared_data / "multi30k" / "val.de").read_text(encoding="utf-8").splitlines()[:300]
+    hyps = perturb(refs, seed=1)
+    hyps = [h.upper() if i % 3 == 0 else h for i, h in enumerate(hyps)]  # case: not scored
+    s = score(hyps, refs, "de", tokenized_bleu=False, moses_bleu=True)
+    h, r = tokenize_moses_lc(hyps, "de"), tokenize_moses_lc(refs, "de")
+    assert 20 < s[MOSES_BLEU] < 95 and s[MOSES_BLEU] > s["bleu"] + 5  # the upper-cased lines
+    assert s[MOSES_BLEU] == pytest.approx(fairseq_bleu4(h, r), abs=1e-4)
+    assert s[MOSES_BLEU + "_ref_tokens"] == sum(len(x.split()) for x in r)
+    assert s[MOSES_BLEU + "_hyp_tokens"] == sum(len(x.split()) for x in h)
+    assert tokenize_moses_lc(['Ein "Test" der E-Mail, 3.5 km.'], "de") == [
+        "ein &quot; test &quot; der e-mail , 3.5 km ."
+    ]  # Multi30k's lc.norm.tok files escape as tokenizer.perl does, hyphens kept (no -a)
+
+
+def test_multi30k_test2016_german_reference_is_12103_moses_tokens(shared_data):
+    """Wu et al. 2021's test2016 reference length in tokens (lowercased, Moses-tokenized)."""
+    refs = (shared_data / "multi30k" / "test_2016_flickr.de").read_text(encoding="utf-8")
+    lines = refs.splitlines()
+    s = score(lines, lines, "de", tokenized_bleu=False, moses_bleu=True)
+    assert s[MOSES_BLEU + "_ref_tokens"] == 12103 and s[MOSES_BLEU] == 100.0
+
+
 def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
     d = stage_inputs
     params = ["--params", str(d / "params.yaml")]
@@ -99,7 +147,8 @@ def test_stage_writes_hyps_and_metrics_with_lineage(stage_inputs):
     assert m["split"] == "test" and m["beam_size"] == 2 and m["n_sentences"] == len(LINES)
     assert m["reference_cleanup"] == "none"  # the references as released (download.clean)
     assert m["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
-    assert {"chrf", TOK_BLEU, "chrf_signature"} <= set(m)
+    assert {"chrf", TOK_BLEU, "chrf_signature", MOSES_BLEU} <= set(m)
+    assert m[MOSES_BLEU + "_ref_tokens"] >= len(LINES) and "fairseq" in m[MOSES_BLEU + "_method"]
     assert m["lineage"]["averaged_steps"] == [1, 2]
     assert m["lineage"]["tokenizer_sha256"] == tokenizer_sha256(d / "tokenizer")
     assert m["bleu"] == sacrebleu_cli(d / "raw" / "test.de", hyps, "-m", "bleu")["score"]

@@ -69,6 +69,11 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict[s
             else:
                 path.mkdir(parents=True, exist_ok=True)
                 (path / "stand-in").write_text("x\n")
+    for stage in stages.values():  # a dep inside another stage's output folder (a helper's
+        for dep in stage.get("deps", []):  # package in data/helpers/ROLE): a stand-in too
+            if not (repo / dep).exists():
+                (repo / dep).mkdir(parents=True)
+                (repo / dep / "stand-in").write_text("x\n")
     sh(sys.executable, "-m", "dvc", "commit", "--force", "-q", cwd=repo)
     sh("git", "add", "-A", cwd=repo)
     sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "locked", cwd=repo)

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "transformer"
 # the library's subpackages, lowest first: each may import only those before it
 ORDER = ("core", "data", "model", "training")
-ENTRY = {"download", "parent", "helpers", "score", "tokenizer", "shard", "train", "average"}
-ENTRY |= {"evaluate", "package", "decode", "export", "config", "launch"}
+ENTRY = {"download", "parent", "helpers", "score", "backtranslate", "tokenizer", "shard"}
+ENTRY |= {"train", "average", "evaluate", "package", "decode", "export", "config", "launch"}
 
 
 def module_name(path: Path) -> str:

@@ -6,7 +6,8 @@ One streaming pass per file: read, clean, write. valid and test go first so that
 overlapping them can be dropped; everything is built in a temporary folder that replaces
 out_dir only when complete, and the manifest (a DVC metric) records per split and part the
 lines read, kept and dropped by reason, the clean-up each split got, and the sha256 of every
-output file.
+output file. The monolingual part (download.monolingual: target-language text for the
+backtranslate stage) goes to the --mono folder, cleaned as one side of a train pair.
 
 valid and test reach data/raw as sacreBLEU reads the same release file (its SGM extraction
 included), every pair kept: the clean-up (download.clean) changes train only unless
@@ -25,10 +26,11 @@ from tqdm import tqdm
 
 from transformer.core import failure, settings
 from transformer.core.files import atomic_dir, sha256_file, write_json
-from transformer.core.sections.download import DownloadConfig, SourceSpec, part_clean
+from transformer.core.sections.download import MONO_FILE, DownloadConfig, SourceSpec, part_clean
 from transformer.core.settings import ConfigError
 from transformer.data.clean import Counts, HashSet, hashes, normalize, pair_filter
 from transformer.data.crawl import CRAWL_REASONS, CrawlFilter, CrawlRunner
+from transformer.data.mono import clean_mono
 from transformer.data.sources import SPLITS, BadText, Part, parts_for
 from transformer.data.wmt import SourceError
 
@@ -184,8 +186,14 @@ def check_max_drop(split: str, total: Counts, per_part: dict, max_drop: float) -
                 )
 
 
-def download(cfg: DownloadConfig, out_dir: Path) -> dict:
-    """Write out_dir/{train,valid,test}.{src_lang,tgt_lang}; return the manifest."""
+def download(cfg: DownloadConfig, out_dir: Path, mono_dir: Path | None = None) -> dict:
+    """Write out_dir/{train,valid,test}.{src_lang,tgt_lang} (and mono_dir/mono.{tgt_lang});
+    return the manifest."""
+    if cfg.monolingual and mono_dir is None:
+        raise DownloadError(
+            f"download.monolingual lists {len(cfg.monolingual)} part(s), but no folder was "
+            "given for them (--mono; dvc.yaml's download stage names data/mono)"
+        )
     langs = (cfg.src_lang, cfg.tgt_lang)
     manifest: dict = {
         "source": cfg.source,
@@ -216,7 +224,22 @@ def download(cfg: DownloadConfig, out_dir: Path) -> dict:
                 "files": {p.name: {"lines": total.kept, "sha256": sha256_file(p)} for p in paths},
             }
             log.info("%s: kept %d of %d pairs", split, total.kept, total.read)
+        if mono_dir is not None:  # inside out_dir's atomic_dir: a failure here writes neither
+            manifest["monolingual"] = monolingual(cfg, Path(mono_dir), evals)
     return manifest
+
+
+def monolingual(cfg: DownloadConfig, mono_dir: Path, evals: _Eval) -> dict:
+    """Write mono_dir/mono.{tgt_lang} (empty without parts); the manifest's record of it."""
+    with atomic_dir(mono_dir) as tmp:
+        path = tmp / MONO_FILE.format(lang=cfg.tgt_lang)
+        with open(path, "w", encoding="utf-8", newline="\n") as out:
+            total, per_part = clean_mono(cfg, evals.tgt, out)
+        check_max_drop("monolingual", total, per_part, cfg.clean.max_drop)
+        if cfg.monolingual and total.kept == 0:
+            raise DownloadError(f"monolingual: no lines left after cleaning ({total.as_dict()})")
+        files = {path.name: {"lines": total.kept, "sha256": sha256_file(path)}}
+    return {**total.as_dict(), "parts": per_part, "files": files}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,11 +250,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("out_dir", type=Path, help="where {train,valid,test}.{src,tgt} go")
     parser.add_argument("--manifest", type=Path, help="write the manifest (JSON) here")
+    parser.add_argument(
+        "--mono", type=Path, help="where mono.{tgt_lang} goes (download.monolingual's text)"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="default: params.yaml")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        manifest = download(settings.load(DownloadConfig, "download", args.params), args.out_dir)
+        cfg = settings.load(DownloadConfig, "download", args.params)
+        manifest = download(cfg, args.out_dir, args.mono)
     except (ConfigError, DownloadError, SourceError, OSError) as e:
         sys.exit(f"error: {e}")
     if args.manifest:
@@ -239,6 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     for split in SPLITS:
         s = manifest["splits"][split]
         print(f"{split}: {s['kept']} pairs kept of {s['read']} read")
+    if manifest.get("monolingual", {}).get("read"):
+        s = manifest["monolingual"]
+        print(f"monolingual: {s['kept']} lines kept of {s['read']} read")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ buckets in length order into shards of at most `shard.shard_pairs` pairs, each s
 (source, target) length. Pairs longer than `shard.max_len` on either side (EOS included) are
 dropped and counted, never truncated. The file format is documented in transformer/data/batches.py.
 
+With --synthetic (the backtranslate stage's folder) the train split also holds back-translated
+pairs: the first backtranslate.ratio x (train pairs) of them, each source led by the
+backtranslate.tag token (its id: the text of a line never becomes it) when one is set.
+
 With `shard.bpe_dropout` > 0 the train split is encoded `shard.train_copies` times with
 BPE-dropout, all copies in one split, so an epoch of the sampler is that many passes over the
 corpus. `tokenizers` draws the skipped merges from an unseeded generator: such a train split
@@ -24,6 +28,7 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +36,9 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer.core import failure, settings
-from transformer.core.files import atomic_dir, sha256_file, write_json
+from transformer.core.files import atomic_dir, count_lines, sha256_file, write_json
 from transformer.core.ids import EOS_ID, UNK_ID
+from transformer.core.sections.backtranslate import SYNTHETIC, BacktranslateConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.shard import ShardConfig
 from transformer.core.settings import ConfigError
@@ -63,6 +69,29 @@ def _chunks(src: Path, tgt: Path, size: int):
                 return
             line += len(a)
             yield a, b
+
+
+@dataclass(frozen=True)
+class Extra:
+    """More pairs for a split: the first `n` lines of the files src and tgt, each source led by
+    the ids `prefix` (a back-translation tag)."""
+
+    src: Path
+    tgt: Path
+    n: int
+    prefix: tuple[int, ...] = ()
+
+    def chunks(self, size: int):
+        """Its (src lines, tgt lines, prefix) chunks."""
+        left, chunks = self.n, _chunks(self.src, self.tgt, size)
+        try:
+            for a, b in chunks:
+                if left <= 0:
+                    return
+                yield a[:left], b[:left], self.prefix
+                left -= len(a)
+        finally:
+            chunks.close()  # its files, now rather than when collected
 
 
 def _read(f, path: Path, line: int, size: int) -> list[str]:
@@ -152,9 +181,12 @@ def _write_shard(path: Path, sl, tl, src, tgt, dtype) -> dict[str, Any]:
     }
 
 
-def _encode(tok: Subwords, chunk: tuple[list[str], list[str]], dtype):
-    a, b = chunk
-    return _flat(tok.encode(a), dtype), _flat(tok.encode(b), dtype)
+def _encode(tok: Subwords, chunk: tuple[list[str], list[str], tuple[int, ...]], dtype):
+    a, b, prefix = chunk
+    src = tok.encode(a)
+    if prefix:
+        src = [[*prefix, *ids] for ids in src]
+    return _flat(src, dtype), _flat(tok.encode(b), dtype)
 
 
 def shard_split(
@@ -166,8 +198,10 @@ def shard_split(
     tok_sha: str,
     chunk: int = 20_000,
     copies: int = 1,
+    extra: Extra | None = None,
 ) -> dict[str, Any]:
-    """Encode one split (src, tgt line files), `copies` times, into shards + index.json."""
+    """Encode one split (src, tgt line files, and the `extra` pairs), `copies` times, into
+    shards + index.json."""
     dtype = np.dtype(np.uint16 if tok.size <= 1 << 16 else np.uint32)
     if cfg.max_len > np.iinfo(dtype).max:
         raise ConfigError(f"shard.max_len {cfg.max_len} does not fit {dtype} lengths")
@@ -177,7 +211,13 @@ def shard_split(
     # Encode chunk k+1 (Rust, GIL released) while numpy files chunk k.
     with ThreadPoolExecutor(1) as pool:
         pending = None
-        passes = (_chunks(src, tgt, chunk) for _ in range(copies))  # lazy: opened in turn
+        passes = (  # lazy: opened in turn
+            itertools.chain(
+                ((a, b, ()) for a, b in _chunks(src, tgt, chunk)),
+                extra.chunks(chunk) if extra else (),
+            )
+            for _ in range(copies)
+        )
         for piece in itertools.chain(*passes, [None]):
             nxt = pool.submit(_encode, tok, piece, dtype) if piece else None
             if pending is not None:
@@ -236,14 +276,24 @@ def _flush(out: Path, k: int, buf: list, dtype, limit: int) -> dict[str, Any]:
 
 
 def shard(
-    raw: Path, tok_dir: Path, out_dir: Path, cfg: ShardConfig, langs: tuple[str, str]
+    raw: Path,
+    tok_dir: Path,
+    out_dir: Path,
+    cfg: ShardConfig,
+    langs: tuple[str, str],
+    synthetic: Path | None = None,
+    bt: BacktranslateConfig | None = None,
 ) -> dict[str, Any]:
-    """The stage: every split of raw/ into out_dir/{split}/; returns the metrics."""
+    """The stage: every split of raw/ (train with the `synthetic` folder's back-translated
+    pairs, as `bt` says) into out_dir/{split}/; returns the metrics."""
     tok = load_tokenizer(tok_dir, expect={"src_lang": langs[0], "tgt_lang": langs[1]})
     sha = tokenizer_sha256(tok_dir)
     if not (Path(raw) / f"train.{langs[0]}").exists():
         raise DataError(f"{raw}/train.{langs[0]}: missing (run the download stage first)")
     metrics: dict[str, Any] = {}
+    extra = None
+    if synthetic is not None:
+        extra, metrics["synthetic"] = _synthetic(raw, synthetic, tok, tok_dir, langs, bt)
     t0 = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
         for split in SPLITS:
@@ -253,14 +303,46 @@ def shard(
             use, copies = tok, 1
             if split == "train" and cfg.bpe_dropout:
                 use, copies = _with_dropout(tok, tok_dir, cfg.bpe_dropout), cfg.train_copies
-            metrics[split] = shard_split(use, src, tgt, tmp / split, cfg, sha, copies=copies)
+            more = extra if split == "train" else None
+            metrics[split] = shard_split(
+                use, src, tgt, tmp / split, cfg, sha, copies=copies, extra=more
+            )
     seconds = time.perf_counter() - t0
     metrics["seconds"] = round(seconds, 2)
     metrics["pairs_per_second"] = round(
-        sum(m["pairs_in"] for m in metrics.values() if isinstance(m, dict)) / seconds, 1
+        sum(metrics[s]["pairs_in"] for s in SPLITS if s in metrics) / seconds, 1
     )
     metrics["vocabulary"] = tok.fit([Path(raw) / f"train.{lang}" for lang in langs])
     return metrics
+
+
+def _synthetic(
+    raw: Path,
+    folder: Path,
+    tok: Subwords,
+    tok_dir: Path,
+    langs: tuple[str, str],
+    bt: BacktranslateConfig | None,
+) -> tuple[Extra | None, dict[str, Any]]:
+    """The back-translated pairs the train split takes (the first ratio x train pairs of the
+    folder's), and their record for the metrics."""
+    bt = bt or BacktranslateConfig()
+    src, tgt = (Path(folder) / SYNTHETIC.format(lang=lang) for lang in langs)
+    if not src.is_file() or not tgt.is_file():
+        raise DataError(f"{src}: missing (run the backtranslate stage first)")
+    available, real = count_lines(src), count_lines(Path(raw) / f"train.{langs[0]}")
+    n = min(available, int(bt.ratio * real))
+    prefix: tuple[int, ...] = ()
+    if bt.tag and n:
+        tag_id = tok.special_id(bt.tag)
+        if tag_id is None:
+            raise DataError(
+                f"{tok_dir}: no {bt.tag!r} unit (backtranslate.tag): the tokenizer stage adds "
+                "it; run that stage again"
+            )
+        prefix = (tag_id,)
+    record = {"available": available, "pairs": n, "ratio": bt.ratio, "tag": bt.tag or None}
+    return (Extra(src, tgt, n, prefix) if n else None), record
 
 
 def _with_dropout(tok: Subwords, tok_dir: Path, p: float) -> Subwords:
@@ -283,12 +365,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("tokenizer", type=Path, help="the tokenizer stage's output folder")
     parser.add_argument("out", type=Path, help="output folder: {split}/index.json + shards")
     parser.add_argument("--metrics", type=Path, help="write the statistics here (JSON)")
+    parser.add_argument(
+        "--synthetic", type=Path, help="the backtranslate stage's folder: pairs mixed into train"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
         cfg = settings.load(ShardConfig, "shard", args.params)
         dl = settings.load(DownloadConfig, "download", args.params)
-        metrics = shard(args.raw, args.tokenizer, args.out, cfg, (dl.src_lang, dl.tgt_lang))
+        bt = settings.load(BacktranslateConfig, "backtranslate", args.params)
+        langs = (dl.src_lang, dl.tgt_lang)
+        metrics = shard(args.raw, args.tokenizer, args.out, cfg, langs, args.synthetic, bt)
     except (DataError, TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")
     if args.metrics:

@@ -3,7 +3,9 @@ Unigram (SentencePiece's algorithm, Kudo 2018).
 
 One vocabulary is shared by source and target (§3.4 shares the embedding matrices too). Every
 type works on bytes (GPT-2's byte-level alphabet), so every line encodes without `<unk>` and
-decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (transformer/core/ids.py).
+decodes back exactly: `decode(encode(x)) == x`. Special tokens have fixed ids (transformer/core/ids.py);
+a back-translation tag (backtranslate.tag, e.g. "<BT>") is one more, after the trained units:
+the shard stage puts it before each synthetic source by id, as text never becomes it.
 
     python -m transformer.tokenizer data/raw data/tokenizer --metrics data/metrics/tokenizer.json
 """
@@ -26,6 +28,7 @@ from transformer.core import failure, settings
 from transformer.core.files import atomic_dir, atomic_write, read_lines, sha256_file, write_json
 from transformer.core.ids import SPECIALS, UNK_ID
 from transformer.core.layout import TOKENIZER
+from transformer.core.sections.backtranslate import BacktranslateConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.retrain import RetrainConfig
 from transformer.core.sections.tokenizer import TokenizerConfig
@@ -223,11 +226,14 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, meta: dict) -> None:
     out_dir = Path(out_dir)
     with atomic_write(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
         f.write(tok.to_str(pretty=True))
+    added = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
     meta = {
         "format": FORMAT,
         **meta,
         "vocab_size": tok.get_vocab_size(),
-        "special_tokens": {s: i for i, s in enumerate(SPECIALS)},
+        "special_tokens": {
+            s: tok.token_to_id(s) for s in SPECIALS + sorted(set(added) - {*SPECIALS})
+        },
         "tokenizer_sha256": sha256_file(out_dir / "tokenizer.json"),
         "tokenizers_version": tokenizers.__version__,
     }
@@ -250,10 +256,17 @@ def stats(tok: Subwords, lines: dict[str, list[str]]) -> dict[str, Any]:
     return out
 
 
-def keep(parent: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str]) -> Subwords:
+def keep(
+    parent: Path, out_dir: Path, cfg: TokenizerConfig, langs: tuple[str, str], tag: str = ""
+) -> Subwords:
     """A continued run's tokenizer: the parent's files as they are (not retrained), checked."""
     expect = {"type": cfg.type, "min_frequency": cfg.min_frequency}
     tok = load_tokenizer(parent, {**expect, "src_lang": langs[0], "tgt_lang": langs[1]})
+    if tag and tok.special_id(tag) is None:
+        raise TokenizerError(
+            f"{parent}: the parent's tokenizer has no {tag!r} unit (backtranslate.tag), and a "
+            "continued run keeps it as it is: retrain from scratch (retrain.mode) or drop the tag"
+        )
     with atomic_dir(out_dir) as tmp:
         for name in ("tokenizer.json", "meta.json"):
             (tmp / name).write_bytes((Path(parent) / name).read_bytes())
@@ -266,14 +279,19 @@ def build(
     cfg: TokenizerConfig,
     langs: tuple[str, str],
     parent: Path | None = None,
+    tag: str = "",
 ) -> dict:
     """The stage: train on raw/train.{src,tgt} (or keep the tokenizer folder `parent`), save to
-    out_dir, return the metrics."""
+    out_dir, return the metrics. `tag`: a special token added after the trained units."""
     files = [Path(raw) / f"train.{lang}" for lang in langs]
     if parent is not None:
-        tok = keep(parent, out_dir, cfg, langs)
+        tok = keep(parent, out_dir, cfg, langs, tag)
     else:
         tok = train_tokenizer(files, cfg)
+        if tag:
+            if tag in SPECIALS:
+                raise TokenizerError(f"backtranslate.tag {tag!r} is one of the fixed {SPECIALS}")
+            tok.add_special_tokens([tag])  # the next id: the trained units keep theirs
         meta = {
             "type": cfg.type,
             "src_lang": langs[0],
@@ -320,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         dl = settings.load(DownloadConfig, "download", args.params)
         mode = settings.load(RetrainConfig, "retrain", args.params).mode
         parent = args.parent / TOKENIZER if args.parent and mode == "continue" else None
-        metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang), parent)
+        tag = settings.load(BacktranslateConfig, "backtranslate", args.params).tag
+        metrics = build(args.raw, args.out, cfg, (dl.src_lang, dl.tgt_lang), parent, tag)
     except (TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")
     if args.metrics:

@@ -85,6 +85,12 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def count_lines(path: Path) -> int:
+    """The newline-ended lines of a file, counted in blocks (no decoding)."""
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
 def read_lines(path: Path | None, error: type[Exception] = ValueError) -> list[str]:
     """The newline-ended lines of a UTF-8 file (stdin if None), one sentence each; `error`
     names the file and the line that is not UTF-8. Not str.splitlines: it also ends lines at

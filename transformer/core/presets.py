@@ -14,6 +14,7 @@ import yaml
 from transformer.core import settings
 from transformer.core.files import atomic_write
 from transformer.core.sections.average import AverageConfig
+from transformer.core.sections.backtranslate import BacktranslateConfig
 from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.evaluate import EvaluateConfig
@@ -40,6 +41,7 @@ SECTIONS: dict[str, type] = {
     "download": DownloadConfig,
     "helpers": HelpersConfig,  # the champions a run uses (a line's meta.uses), pinned
     "score": ScoreConfig,
+    "backtranslate": BacktranslateConfig,
     "tokenizer": TokenizerConfig,
     "shard": ShardConfig,
     "model": ModelConfig,

@@ -24,6 +24,7 @@ SECTIONS = (
     "download",
     "helpers",
     "score",
+    "backtranslate",
     "tokenizer",
     "shard",
     "model",

@@ -93,6 +93,19 @@ def pair_filter(src: str, tgt: str, cfg: CleanConfig) -> str | None:
     return None
 
 
+def line_filter(text: str, cfg: CleanConfig) -> str | None:
+    """The reason to drop one normalised side on its own (a monolingual line), or None: the
+    rules of pair_filter that need no other side."""
+    if not text.strip():
+        return "empty"
+    n = len(text.split())
+    if n < cfg.min_words:
+        return "too_short"
+    if n > cfg.max_words:
+        return "too_long"
+    return None
+
+
 def hashes(texts: list[str]) -> np.ndarray:
     """64-bit blake2b of each text: (N,) uint64. Deterministic across runs, unlike hash()."""
     raw = b"".join(hashlib.blake2b(t.encode(), digest_size=8).digest() for t in texts)

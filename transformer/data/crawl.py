@@ -66,14 +66,17 @@ def script_letters(lang: str) -> re.Pattern:
 
 
 class CrawlFilter:
-    """The crawl filters of one part: `reason(src, tgt)` names why a pair goes, or None."""
+    """The crawl filters of one part: `reason(src, tgt)` names why a pair goes, or None. Given
+    one language (a monolingual part of the target language), items are 1-tuples of text, and
+    the filters that need both sides (copies) do not apply."""
 
-    def __init__(self, cc: CleanConfig, src_lang: str, tgt_lang: str) -> None:
-        self.cc, self.langs = cc, (src_lang, tgt_lang)
+    def __init__(self, cc: CleanConfig, *langs: str) -> None:
+        self.cc, self.langs = cc, langs
         self.letters = tuple(script_letters(lang) for lang in self.langs)
         if cc.langid:
             known = set(identifier().labels)
-            for key, lang in zip(("src_lang", "tgt_lang"), self.langs):
+            keys = ("src_lang", "tgt_lang") if len(langs) == 2 else ("tgt_lang",)
+            for key, lang in zip(keys, self.langs):
                 if lang not in known:
                     raise ConfigError(
                         f"download.{key}: {lang!r} is not a language py3langid knows, so "
@@ -84,18 +87,18 @@ class CrawlFilter:
     def active(self) -> bool:
         return self.cc.langid or self.cc.copies or self.cc.script
 
-    def reason(self, src: str, tgt: str) -> str | None:
-        """The first crawl filter that rejects the normalised pair, or None (py3langid's own
-        classify, a line at a time: the reference that `reasons` is tested against)."""
-        reason = self.cheap_reason(src, tgt)
+    def reason(self, *texts: str) -> str | None:
+        """The first crawl filter that rejects the normalised pair (or text), or None
+        (py3langid's own classify, a line at a time: the reference `reasons` is tested against)."""
+        reason = self.cheap_reason(*texts)
         if reason or not self.cc.langid:
             return reason
-        wrong = self.wrong_language(src, 0) or self.wrong_language(tgt, 1)
+        wrong = any(self.wrong_language(text, side) for side, text in enumerate(texts))
         return "wrong_language" if wrong else None
 
-    def reasons(self, pairs: list[tuple[str, str]]) -> list[str | None]:
-        """`reason` of each pair, with the language model run over all of them at once."""
-        out = [self.cheap_reason(src, tgt) for src, tgt in pairs]
+    def reasons(self, pairs: list[tuple[str, ...]]) -> list[str | None]:
+        """`reason` of each pair (or 1-tuple), with the language model run over all at once."""
+        out = [self.cheap_reason(*pair) for pair in pairs]
         if self.cc.langid:
             judged = [
                 (i, side, text)
@@ -110,14 +113,14 @@ class CrawlFilter:
                     out[i] = "wrong_language"
         return out
 
-    def cheap_reason(self, src: str, tgt: str) -> str | None:
-        """Copies, then script: the filters that need no language model."""
+    def cheap_reason(self, *texts: str) -> str | None:
+        """Copies (a pair's), then script: the filters that need no language model."""
         cc = self.cc
-        if cc.copies and is_copy(src, tgt, cc.copy_overlap):
+        if cc.copies and len(texts) == 2 and is_copy(*texts, cc.copy_overlap):
             return "copy"
-        if cc.script and (
-            script_ratio(src, self.letters[0]) < cc.min_script_ratio
-            or script_ratio(tgt, self.letters[1]) < cc.min_script_ratio
+        if cc.script and any(
+            script_ratio(text, letters) < cc.min_script_ratio
+            for text, letters in zip(texts, self.letters)
         ):
             return "script"
         return None
@@ -170,7 +173,7 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _start_worker(cc: CleanConfig, langs: tuple[str, str]) -> None:
+def _start_worker(cc: CleanConfig, langs: tuple[str, ...]) -> None:
     global _worker
     import torch
 

@@ -21,7 +21,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import IO
 
-from transformer.core.sections.download import DownloadConfig, SourceSpec
+from transformer.core.sections.download import DownloadConfig, SourceSpec, line_range
 from transformer.data import wmt
 from transformer.data.wmt import SourceError
 
@@ -32,7 +32,18 @@ HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 # sacreBLEU's fake-SGML rule (dataset/fake_sgml.py), applied to the decoded line as it does
 SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
 
-__all__ = ["SPLITS", "BadText", "Part", "Record", "SourceError", "parts_for"]
+__all__ = [
+    "SPLITS",
+    "BadText",
+    "Part",
+    "Record",
+    "SourceError",
+    "decoded",
+    "fetch_file",
+    "parts_for",
+    "raw_lines",
+    "within",
+]
 
 
 @dataclass(frozen=True)
@@ -83,14 +94,36 @@ def parts_for(cfg: DownloadConfig, split: str) -> list[Part]:
                 f"download.splits.{split}[{i}].format: unknown {spec.format!r} "
                 f"(valid: {', '.join(FORMATS)})"
             )
+        if spec.lines and spec.format == "sgm":
+            raise SourceError(
+                f"download.splits.{split}[{i}].lines: an sgm part is read whole (its "
+                "documents are not lines)"
+            )
     return [
         Part(
             _name(spec, cfg),
-            functools.partial(_records, cfg, spec, split != "train"),
+            functools.partial(
+                within,
+                functools.partial(_records, cfg, spec, split != "train"),
+                *line_range(spec.lines, f"download.splits.{split}[{i}].lines"),
+            ),
             spec.clean,
         )
-        for spec in specs
+        for i, spec in enumerate(specs)
     ]
+
+
+def within(records: Callable[[], Iterator[tuple]], first: int, last: int | None) -> Iterator:
+    """The records of `records()` numbered first..last (a part's `lines`); stops after last."""
+    stream = records()
+    try:
+        for record in stream:
+            if last is not None and record[0] > last:
+                return
+            if record[0] >= first:
+                yield record
+    finally:
+        stream.close()  # its files, now rather than when collected
 
 
 def _hf_specs(cfg: DownloadConfig, split: str, specs: list[SourceSpec]) -> list[SourceSpec]:
@@ -170,15 +203,16 @@ def _locate(cfg: DownloadConfig, spec: SourceSpec) -> list[Path]:
             f"{'src' if archived else 'it'}"
         )
     if archived:
-        archive = _fetch(cfg, spec.path, spec.sha256)
+        archive = fetch_file(cfg, spec.path, spec.sha256)
         return wmt.extract(
             archive, names, wmt.extraction_dir(archive, Path(cfg.cache_dir) / "extracted")
         )
     single = spec.sha256 if len(set(names)) == 1 or not two else ""
-    return [_fetch(cfg, n, single) for n in names]
+    return [fetch_file(cfg, n, single) for n in names]
 
 
-def _fetch(cfg: DownloadConfig, where: str, sha256: str) -> Path:
+def fetch_file(cfg: DownloadConfig, where: str, sha256: str) -> Path:
+    """The local path of a part's file: downloaded (resumably, via download.mirror) if a URL."""
     if wmt.is_url(where):
         if cfg.mirror:
             where = wmt.mirrored(where, cfg.mirror)
@@ -197,12 +231,12 @@ def _open(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+def raw_lines(path: Path) -> Iterator[bytes]:
     with _open(path) as f:
         yield from f  # binary mode: lines end at b"\n" only, never at a stray \r or \x85
 
 
-def _decoded(raw: bytes, path: Path, n: int) -> str | BadText:
+def decoded(raw: bytes, path: Path, n: int) -> str | BadText:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -212,8 +246,8 @@ def _decoded(raw: bytes, path: Path, n: int) -> str | BadText:
 def _text(path: Path, plain: bool = False) -> Iterator[tuple[int, str | BadText]]:
     """(line number, line) of a text file, without its line end. `plain`: also without trailing
     whitespace, as sacreBLEU's PlainTextDataset reads a test set (`line.rstrip()`)."""
-    for n, raw in enumerate(_lines(path), 1):
-        line = _decoded(raw, path, n)
+    for n, raw in enumerate(raw_lines(path), 1):
+        line = decoded(raw, path, n)
         if isinstance(line, str):
             line = line.rstrip() if plain else line.rstrip("\r\n")
         yield n, line
@@ -223,10 +257,10 @@ def _segments(path: Path) -> Iterator[tuple[int, str | BadText]]:
     """(line number, text) of each <seg> of a WMT (fake) SGM file, as sacreBLEU's
     FakeSGMLDataset extracts it: the lines that start with "<seg ", through SEG, then stripped
     and each run of whitespace made one space (Unicode whitespace: str.split)."""
-    for n, raw in enumerate(_lines(path), 1):
+    for n, raw in enumerate(raw_lines(path), 1):
         if not raw.startswith(b"<seg "):
             continue
-        line = _decoded(raw, path, n)
+        line = decoded(raw, path, n)
         if isinstance(line, str):
             text, found = SEG.subn(r"\1", line)
             if not found:  # sacreBLEU would keep the tag in the text
@@ -259,8 +293,8 @@ def _mismatch(files: list[Path], read: Callable, unit: str) -> SourceError:
 
 
 def _tsv(path: Path) -> Iterator[Record]:
-    for n, raw in enumerate(_lines(path), 1):
-        line = _decoded(raw, path, n)
+    for n, raw in enumerate(raw_lines(path), 1):
+        line = decoded(raw, path, n)
         if isinstance(line, BadText):
             yield n, line, line
             continue
@@ -273,8 +307,8 @@ def _tsv(path: Path) -> Iterator[Record]:
 
 
 def _jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Record]:
-    for n, line in enumerate(_lines(path), 1):
-        text = _decoded(line, path, n)
+    for n, line in enumerate(raw_lines(path), 1):
+        text = decoded(line, path, n)
         if isinstance(text, BadText):
             yield n, text, text  # the stage drops it (train) or stops (valid / test)
             continue

@@ -78,6 +78,13 @@ class Subwords:
         """The text of each id sequence, special tokens dropped; decode(encode(x)) == x."""
         return self._tok.decode_batch(ids, skip_special_tokens=True)
 
+    def special_id(self, token: str) -> int | None:
+        """The id of special token `token` (e.g. a back-translation tag), or None if it has none."""
+        for i, added in self._tok.get_added_tokens_decoder().items():
+            if added.content == token and added.special:
+                return i
+        return None
+
     def library_copy(self) -> Tokenizer:
         """A copy of the HF `Tokenizer` itself, for exporting it to another library."""
         return Tokenizer.from_str(self._tok.to_str())

@@ -1,4 +1,5 @@
-"""Greedy and batched beam search with incremental decoding (§6.1), over batches of sources.
+"""Greedy and batched beam search with incremental decoding (§6.1), over batches of sources;
+and sampling (one draw per source from the model's distribution, for back-translation).
 
 The encoder runs once per batch; the decoder caches each layer's self-attention keys/values and
 computes the cross-attention keys/values once per sentence, shared by its beams. Sentences whose
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -106,6 +108,62 @@ def beam_search(
     return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Search by sampling instead of beam search: `topk` 0 draws from the whole distribution
+    (Edunov et al. 2018's unrestricted sampling), k > 0 from its k most likely tokens."""
+
+    topk: int = 0
+    generator: torch.Generator | None = None  # on the decoder's device; None: torch's global
+
+
+@torch.inference_mode()
+def sample(
+    dec: Decoder | Ensemble,
+    src: Tensor,
+    max_len: Tensor | None = None,
+    topk: int = 0,
+    generator: torch.Generator | None = None,
+    min_len: int = 0,
+) -> list[list[int]]:
+    """One output per source row of `src` (B, S), each token drawn from the model's distribution
+    given the prefix, until EOS or `max_len` (B,) (default S + 50); ids without BOS/EOS.
+    `min_len` blocks EOS before that many tokens."""
+    B = src.size(0)
+    if max_len is None:
+        max_len = src.ne(PAD_ID).sum(1) + 50
+    max_len = max_len.clamp(max=dec.max_positions).tolist()
+    memory, src_pad_mask = dec.encode(src)
+    state = dec.start(memory, src_pad_mask, 1, steps=max(max_len, default=0))
+    rows = list(range(B))  # the original sentence of each active row
+    out: list[list[int]] = [[] for _ in range(B)]
+    y = torch.full((B, 1), BOS_ID, dtype=torch.long)  # (N, 1) the last token of each row
+    for t in range(max(max_len, default=0)):
+        logits = dec.step(y, state).float()  # (N, V); an Ensemble's are log-probabilities
+        logits[:, PAD_ID] = logits[:, BOS_ID] = NEG_INF  # never generated, as in beam search
+        if t < min_len:
+            logits[:, EOS_ID] = NEG_INF
+        if topk:
+            kth = logits.topk(min(topk, logits.size(1)), dim=1).values[:, -1:]  # (N, 1)
+            logits.masked_fill_(logits < kth, NEG_INF)
+        probs = torch.softmax(logits, dim=-1)
+        y = torch.multinomial(probs, 1, generator=generator).cpu()  # (N, 1)
+        done = []
+        for n, r in enumerate(rows):
+            token = int(y[n, 0])
+            if token != EOS_ID:
+                out[r].append(token)
+            done.append(token == EOS_ID or t + 1 >= max_len[r])
+        if all(done):
+            break
+        if any(done):  # finished sentences leave the batch
+            keep = torch.tensor([not d for d in done])
+            rows = [r for r, d in zip(rows, done) if not d]
+            y = y[keep]
+            dec.reorder(state, torch.arange(len(done))[keep], keep)
+    return out
+
+
 def candidates(logits: Tensor, scores: Tensor, block_eos: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The 2k best extensions per sentence: (score, beam, token), each (N, 2k), best first.
 
@@ -164,8 +222,10 @@ def translate_ids(
     min_len: int = 0,
     max_len: int | None = None,
     progress: bool = False,
+    sampling: Sampling | None = None,
 ) -> list[list[int]]:
     """Decode id lists (each ending in EOS) in length-sorted batches; results in input order.
+    Beam search (cfg.beam_size), or with `sampling` one draw per source (cfg.beam_size unread).
 
     An empty source gives an empty output without touching the model.
     """
@@ -184,7 +244,10 @@ def translate_ids(
             cap = (lens * cfg.max_len_a).long() + cfg.max_len_b
         else:
             cap = torch.full_like(lens, max_len)
-        hyps = beam_search(dec, src, cfg.beam_size, cfg.length_penalty, cap, min_len)
+        if sampling is None:
+            hyps = beam_search(dec, src, cfg.beam_size, cfg.length_penalty, cap, min_len)
+        else:
+            hyps = sample(dec, src, cap, sampling.topk, sampling.generator, min_len)
         for i, h in zip(ids, hyps):
             out[i] = h
         bar.update(len(ids))

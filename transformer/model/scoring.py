@@ -1,6 +1,7 @@
-"""Hypotheses scored against references: sacreBLEU and chrF with their signatures, and the
-paper's tokenized, compound-split BLEU; a split's lines read from the raw folder. The evaluate
-stage and training's validation BLEU score through it, so the two never disagree."""
+"""Hypotheses scored against references: sacreBLEU and chrF with their signatures, the paper's
+tokenized, compound-split BLEU and the Multi30k literature's lowercased Moses-tokenized BLEU; a
+split's lines read from the raw folder. The evaluate stage and training's validation BLEU score
+through it, so the two never disagree."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ TOK_BLEU_METHOD = "tensor2tensor get_ende_bleu.sh (tokenized, compound-split; pa
 
 COMPOUND = re.compile(r"(\S)-(\S)")  # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
 
+# The Multi30k papers' BLEU (fairseq's BLEU4 on the task's lc.norm.tok files, e.g. Wu et al.
+# 2021's 41.02 on test2016, whose reference is 12,103 tokens): both sides lowercased, Moses
+# normalize-punctuation.perl and tokenizer.perl -l LANG (sacremoses), then corpus BLEU on those
+# tokens, unsmoothed (sacreBLEU with tokenize=none computes exactly fairseq's BLEU4 there).
+MOSES_BLEU = "bleu_moses_lc"
+MOSES_BLEU_METHOD = (
+    "lowercased, Moses-normalized and -tokenized (multi30k lc.norm.tok), corpus BLEU on "
+    "those tokens as fairseq's BLEU4 (the Multi30k literature's convention)"
+)
+
 
 def tokenize_compound_split(lines: list[str], lang: str) -> list[str]:
     """get_ende_bleu.sh's preprocessing of hypotheses and references, line by line."""
@@ -34,8 +45,28 @@ def tokenize_compound_split(lines: list[str], lang: str) -> list[str]:
     return out
 
 
-def score(hyps: list[str], refs: list[str], tgt_lang: str, tokenized_bleu: bool = True) -> dict:
-    """Corpus BLEU and chrF with their sacreBLEU signatures; optionally the paper's BLEU."""
+def tokenize_moses_lc(lines: list[str], lang: str) -> list[str]:
+    """Multi30k's lc.norm.tok preprocessing (lowercase.perl, normalize-punctuation.perl -l LANG,
+    tokenizer.perl -l LANG), line by line. Lowercasing first, as the task's script does, also
+    changes tokens: Moses keeps a cased "Bart." whole (a German abbreviation) and splits "bart .",
+    so test2016's German reference is 12,103 tokens, 12,102 tokenized cased."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    norm, tok = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        tok.tokenize(norm.normalize(line.lower()), return_str=True, escape=True) for line in lines
+    ]
+
+
+def score(
+    hyps: list[str],
+    refs: list[str],
+    tgt_lang: str,
+    tokenized_bleu: bool = True,
+    moses_bleu: bool = False,
+) -> dict:
+    """Corpus BLEU and chrF with their sacreBLEU signatures; optionally the paper's BLEU and the
+    Multi30k literature's (MOSES_BLEU, with both sides' lengths in its tokens)."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
     bleu, chrf = BLEU(trg_lang=tgt_lang), CHRF()
@@ -51,6 +82,15 @@ def score(hyps: list[str], refs: list[str], tgt_lang: str, tokenized_bleu: bool 
         h, r = tokenize_compound_split(hyps, tgt_lang), tokenize_compound_split(refs, tgt_lang)
         out[TOK_BLEU] = round(tb.corpus_score(h, [r]).score, 4)
         out[TOK_BLEU + "_method"] = TOK_BLEU_METHOD
+    if moses_bleu:
+        mb = BLEU(tokenize="none", force=True, smooth_method="none")
+        got = mb.corpus_score(
+            tokenize_moses_lc(hyps, tgt_lang), [tokenize_moses_lc(refs, tgt_lang)]
+        )
+        out[MOSES_BLEU] = round(got.score, 4)
+        out[MOSES_BLEU + "_ref_tokens"] = got.ref_len
+        out[MOSES_BLEU + "_hyp_tokens"] = got.sys_len
+        out[MOSES_BLEU + "_method"] = MOSES_BLEU_METHOD
     return out
 
 

@@ -14,7 +14,7 @@ import torch
 from transformer.core.ids import EOS_ID
 from transformer.core.sections.decode import DecodeConfig
 from transformer.data.vocab import Subwords, load_tokenizer, tokenizer_sha256
-from transformer.model.beam import translate_ids
+from transformer.model.beam import Sampling, translate_ids
 from transformer.model.checkpoint import build_model
 from transformer.model.checkpoint import load as load_checkpoint
 from transformer.model.incremental import Decoder, Ensemble
@@ -52,16 +52,22 @@ class Translator:
         return out
 
     def translate(
-        self, lines: list[str], progress: bool = False, on_long: str = "truncate"
+        self,
+        lines: list[str],
+        progress: bool = False,
+        on_long: str = "truncate",
+        sampling: Sampling | None = None,
     ) -> list[str]:
-        """Translate lines; an empty line gives an empty line."""
+        """Translate lines (beam search, or with `sampling` one draw from the model each); an
+        empty line gives an empty line."""
         units = self.tokenizer.size
-        if self.cfg.beam_size > units:  # top-k of more than the vocabulary: no such beams
+        if sampling is None and self.cfg.beam_size > units:  # top-k of more than the vocabulary
             raise DecodeError(
                 f"beam size {self.cfg.beam_size} is more than the vocabulary's "
                 f"{units} units (--beam-size / decode.beam_size)"
             )
-        hyps = translate_ids(self.dec, self.encode(lines, on_long), self.cfg, progress=progress)
+        srcs = self.encode(lines, on_long)
+        hyps = translate_ids(self.dec, srcs, self.cfg, progress=progress, sampling=sampling)
         return [text if h else "" for h, text in zip(hyps, self.tokenizer.decode(hyps))]
 
 

@@ -80,9 +80,60 @@ class SourceSpec:
     sha256: str = ""  # of the downloaded file; checked when given
     name: str = ""  # the part's name in the manifest; default: from the file names
     hf_split: str = ""  # hf: the dataset split (train / validation / test)
+    # only these lines (rows) of the part, "FIRST-LAST" counted from 1, either end may be left
+    # out ("14501-"): e.g. half of a corpus; "": all (text, tsv, jsonl, hf)
+    lines: str = ""
     # this part's own crawl-filter settings over download.clean's (PART_KEYS), e.g. the crawl
     # filtered while Europarl keeps the general rules: {langid: true, copies: true}
     clean: dict[str, Any] = field(default_factory=dict)
+
+
+MONO_FORMATS = ("text", "newscrawl", "hf")
+MONO_FILE = "mono.{lang}"  # the monolingual text in the download stage's --mono folder
+
+
+@dataclass
+class MonoSpec:
+    """One monolingual part: text in the target language, one sentence a line, for the
+    backtranslate stage to turn into synthetic pairs.
+
+    text: `path` is a file or an http(s) URL (.gz read as gzip; "{lang}" is the target
+    language). newscrawl: `path` is the folder (or base URL) of WMT's News Crawl for the
+    language, files news.YEAR.LANG.shuffled.deduped(.gz), e.g.
+    https://data.statmt.org/news-crawl/{lang}; `years` picks them (a folder: every year there
+    by default). hf: `path` is a `datasets` Hub id or local copy, `hf_column` a text column or a
+    translation column (its target-language side).
+    """
+
+    path: str = ""
+    format: str = "text"  # text | newscrawl | hf
+    years: list[int] = field(default_factory=list)  # newscrawl: which files, oldest first
+    lines: str = ""  # "FIRST-LAST" (from 1, either end open): only these lines; "": all
+    max_lines: int = 0  # at most this many lines read from the part; 0: all
+    sha256: str = ""  # text: of the file; checked when given
+    name: str = ""  # the part's name in the manifest; default: from the path
+    hf_name: str = ""  # hf: the dataset config
+    hf_split: str = "train"  # hf: the dataset split
+    hf_revision: str = ""  # hf: a Hub commit / tag; empty: the default branch
+    hf_column: str = "text"  # hf: a column of text, or "translation"
+    clean: dict[str, Any] = field(default_factory=dict)  # as a parallel part's (copies: no)
+
+
+def line_range(lines: str, key: str) -> tuple[int, int | None]:
+    """A part's `lines` ("FIRST-LAST", from 1, either end open) as (first, last or None)."""
+    if not lines:
+        return 1, None
+    first, sep, last = lines.partition("-")
+    try:
+        a, b = int(first or 1), int(last) if last else None
+    except ValueError:
+        a = b = 0
+    if not sep or a < 1 or (b is not None and b < a):
+        raise ConfigError(
+            f"{key} must be FIRST-LAST (line numbers from 1, FIRST <= LAST, either may be "
+            f"left out: '14501-'), got {lines!r}"
+        )
+    return a, b
 
 
 # the download.clean keys a part may set for itself
@@ -124,6 +175,9 @@ class DownloadConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     # split -> list of parts, used by the local / hf / wmt sources
     splits: dict[str, list[SourceSpec]] = field(default_factory=dict)
+    # target-language text (any source setting) for the backtranslate stage; cleaned by the
+    # same rules as a side of train (download.clean): data/mono
+    monolingual: list[MonoSpec] = field(default_factory=list)
     hf_path: str = "wmt/wmt14"  # a Hub id or a local folder with the Hub layout
     hf_name: str = "de-en"
     hf_revision: str = ""  # a Hub commit / tag; empty: the default branch
@@ -151,6 +205,12 @@ class DownloadConfig:
         for split, specs in self.splits.items():
             for i, spec in enumerate(specs):
                 part_clean(self.clean, spec, f"download.splits.{split}[{i}].clean")
+                line_range(spec.lines, f"download.splits.{split}[{i}].lines")
+        for i, mono in enumerate(self.monolingual):
+            choice(f"download.monolingual[{i}].format", mono.format, MONO_FORMATS)
+            at_least(f"download.monolingual[{i}]", mono, 0, "max_lines")
+            part_clean(self.clean, SourceSpec(clean=mono.clean), f"download.monolingual[{i}].clean")
+            line_range(mono.lines, f"download.monolingual[{i}].lines")
         mirror = urlparse(self.mirror)
         if self.mirror and (mirror.scheme not in ("http", "https") or not mirror.netloc):
             raise ConfigError(
