@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import forked
-from helpers.docs import readme_fetch, walkthrough
+from helpers.docs import readme_fetch, readme_orchestration, shipped_lines, walkthrough
 from prefect_fixtures import BIN, DVC, client, make_toy, run_id, served, sh
 
 
@@ -54,12 +54,9 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
     serve, local_only, demo, promote, remote, commit, publish, clone, _, fetch, _ = steps
     assert fetch == readme_fetch()  # the README's command is the doc's
     toy = make_toy(tmp_path / "toy")
-    # the README's champion is the shipped line en-de's: the toy's one artifact named so (no
-    # meta: one line as before lines, retrain/retrain)
-    (toy / "dvc.yaml").write_text(
-        (toy / "dvc.yaml").read_text().replace(" transformer:", " en-de:")
-    )
-    sh("git", "commit", "-qam", "the artifact en-de", cwd=toy)
+    # the shipped project's lines (en-de and de-en, each using the other), as dvc.yaml has them
+    (toy / "dvc.yaml").write_text(shipped_lines((toy / "dvc.yaml").read_text()))
+    sh("git", "commit", "-qam", "the shipped lines", cwd=toy)
     params = (toy / "params.yaml").read_bytes()
     corpus = str(toy.parent / "corpus")
     env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}
@@ -84,7 +81,7 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
         assert "warning: no default DVC remote: the champion is in this machine's" in r.stdout
         r = run(runnable(promote, subst), toy, env)  # again: refused, and the run Completed
         assert r.returncode == 0 and "refused: the candidate is the champion already" in r.stdout
-        r = run([sys.executable, "-m", "flows.run", "retrain/retrain", "--wait"], toy, env)
+        r = run([sys.executable, "-m", "flows.run", "retrain/en-de", "--wait"], toy, env)
         assert r.returncode == 0, r.stdout + r.stderr
         unchanged = f"data, code and recipe unchanged since the champion v1.0.0 ({name})"
         assert f"{unchanged}: nothing retrained" in r.stdout, r.stdout
@@ -124,6 +121,51 @@ def test_a_first_user_from_local_only_to_the_champion_in_another_clone(
     assert row.split()[:8] == ["*", name, "v1.0.0", "-", "demo", "60.00", "600", "0:10:00"], row
     assert "promoted as v1.0.0: no champion yet; refused:" in row, row
     print(r.stdout)  # the doc's example
+
+
+@pytest.mark.slow
+def test_the_readmes_orchestration_block_runs_as_written(prefect_server: dict, tmp_path: Path):
+    """README.md's orchestration block, read from the file, on the toy project with the shipped
+    dvc.yaml's lines (en-de and de-en, each using the other): every command as written."""
+    steps = readme_orchestration()
+    assert [a[:3] for a in steps] == [
+        ["dvc", "remote", "add"],
+        ["git", "commit", "-m"],
+        ["prefect", "server", "start"],
+        ["python", "-m", "flows.serve"],
+        ["python", "-m", "flows.run"],
+        ["python", "-m", "flows.run"],
+        ["python", "-m", "flows.promote"],
+        ["make", "results"],
+        ["dvc", "artifacts", "get"],
+    ]
+    remote, commit, server, serve, demo, retrain, promote, results, fetch = steps
+    assert "127.0.0.1" in server  # the test's own server is one such (prefect_server)
+    toy = make_toy(tmp_path / "toy")
+    (toy / "dvc.yaml").write_text(shipped_lines((toy / "dvc.yaml").read_text()))
+    sh("git", "commit", "-qam", "the shipped lines", cwd=toy)
+    corpus = str(toy.parent / "corpus")
+    env = {**prefect_server, "TOY_CORPUS": corpus, "PYTHONPATH": str(toy)}
+    subst = {"/srv/dvc-store": str(tmp_path / "remote")}
+    sh(*runnable(remote, subst), cwd=toy)
+    sh(*runnable(commit, subst), cwd=toy)
+    with served(toy, env, *serve[3:], TOY_CORPUS=corpus) as proc:
+        assert "retrain/en-de" in proc.log_path.read_text()
+        r = run(runnable(demo, subst), toy, env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        found = re.search(r"experiment (pipeline-\S+): BLEU 10\.00 \(through the gate: ", r.stdout)
+        assert found, r.stdout
+        subst["EXPERIMENT"] = found.group(1)
+        r = run(runnable(retrain, subst), toy, env)
+        assert r.returncode == 0 and "promoted as v1.0.0: no champion yet" in r.stdout, r.stdout
+        r = run(runnable(promote, subst), toy, env)  # the line its run recorded: en-de's gate
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "not promoted: candidate BLEU 10.00 does not beat champion 60.00" in r.stdout
+    assert results == ["make", "results"]  # the Makefile's target runs this:
+    r = run([sys.executable, "-m", "flows.results"], toy, env)
+    assert r.returncode == 0 and "line en-de: champion en-de@v1.0.0" in r.stdout, r.stdout
+    sh(*runnable(fetch, subst), cwd=toy)
+    assert (toy / "champion/model.pt").read_text().startswith("600 ")
 
 
 def test_a_run_that_went_on_from_another_runs_checkpoints_says_so_with_its_own_time(

@@ -26,3 +26,31 @@ def readme_fetch() -> list[str]:
         if line.startswith("dvc artifacts get")
     ]
     return shlex.split(line, comments=True)
+
+
+ORCHESTRATION = "## Orchestration (Prefect)"
+
+
+def readme_orchestration() -> list[list[str]]:
+    """The commands of the README's orchestration block, one argv each (comments dropped, a
+    line's `A && B` two commands)."""
+    text = (ROOT / "README.md").read_text()
+    assert ORCHESTRATION in text, f"README.md: no section {ORCHESTRATION!r}"
+    block = text.split(ORCHESTRATION, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    out: list[list[str]] = []
+    for line in block.splitlines():
+        argv = shlex.split(line, comments=True)
+        while "&&" in argv:
+            i = argv.index("&&")
+            out.append(argv[:i])
+            argv = argv[i + 1 :]
+        if argv:
+            out.append(argv)
+    return out
+
+
+def shipped_lines(dvc_yaml: str) -> str:
+    """`dvc_yaml` (a project's text) with the shipped dvc.yaml's `artifacts:` section, its lines
+    as they are, in place of its own."""
+    shipped = (ROOT / "dvc.yaml").read_text().split("\nartifacts:\n", 1)[1]
+    return dvc_yaml.split("\nartifacts:", 1)[0] + "\nartifacts:\n" + shipped
