@@ -315,29 +315,6 @@ def decision_tags(project: Path, name: str | None = None) -> list[dict[str, Any]
     return out
 
 
-def complete(project: Path) -> list[dict[str, Any]]:
-    """Decide again every candidate whose package could not be published when it won
-    (unpublished()) and that this clone holds: the decisions."""
-    from flows import promote, recipe  # the gate; it imports this module
-
-    out = []
-    for x in lines.read(Path(project)):
-        for commit in unpublished(project, x.name):
-            if cached(project, x.path, commit):
-                rules = recipe.resolve(Path(project), x.name).rules
-                out.append(
-                    promote.decide(
-                        Path(project),
-                        commit,
-                        rules.margin,
-                        "flows.registry publish",
-                        rules=rules,
-                        line=x.name,
-                    )
-                )
-    return out
-
-
 def unpublished(project: Path, name: str | None = None) -> list[str]:
     """The commits of line `name` whose latest decision won the gate but could not publish the
     package (no production tag was made): the line's next decision, or `python -m
@@ -371,7 +348,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         done = publish(args.project)
-        completed = complete(args.project)
+        from flows import decision  # it imports this module
+
+        completed = decision.complete(args.project)
         pushed = tags.push_all(args.project, [x.name for x in lines.read(args.project)])
     except (RegistryError, lines.LineError, tags.TagPushError) as e:
         sys.exit(f"error: {e}")

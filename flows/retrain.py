@@ -39,9 +39,10 @@ from prefect.runtime import flow_run
 from flows import helpers, lineage, recipe, registry, tags, workspace
 from flows.artifacts import written
 from flows.dag import Stage, read_dag
+from flows.decision import decide, sync
 from flows.locks import workspace_lock
 from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
-from flows.promote import decide, report, summary, sync
+from flows.promote import report, summary
 from flows.shell import apply_params, logger, read_section, run
 from transformer.core.layout import TOKENIZER
 from transformer.core.sections.model import WEIGHT_KEYS

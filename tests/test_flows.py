@@ -34,9 +34,9 @@ from prefect_fixtures import (
 )
 
 from flows.dag import Stage, generations, locked_outs, read_dag
+from flows.decision import gate
 from flows.lineage import Snapshot, lineage
 from flows.pipeline import MAX_ATTEMPTS, start_attempt
-from flows.promote import gate
 from flows.shell import CommandError, apply_params, dvc, run
 from flows.workspace import WORKSPACE, prepare, reap, release_dead_locks, share_cache
 

@@ -20,7 +20,8 @@ from helpers.continuing import PRESET, Champion
 from prefect_fixtures import BIN, artifact
 
 from flows import registry, results
-from flows.promote import gate, report
+from flows.decision import gate
+from flows.promote import report
 from flows.significance import Rules, paired_bs
 from flows.workspace import WORKSPACE
 from transformer.core.sections.retrain_flow import RetrainFlowConfig

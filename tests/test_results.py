@@ -70,7 +70,7 @@ def project(path: Path, header: str) -> Path:
 def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path):
     """Experiments of an older commit stay listed after a new one; the champion is marked, each
     decision (promoted or refused) given with its reason, read back from git alone."""
-    from flows.promote import decide
+    from flows.decision import decide
     from flows.significance import Rules
 
     demo = project(
