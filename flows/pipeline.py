@@ -24,7 +24,7 @@ from prefect.futures import wait
 from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
-from flows import lineage, progress, workspace
+from flows import cores, lineage, progress, workspace
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
 from flows.locks import experiments_lock, workspace_lock
@@ -60,7 +60,8 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
     t0 = time.monotonic()
     logger().info("stage %s: started", stage)
-    with progress.shown(ws, stage):  # the train stage's bar in the UI
+    # the train stage: its turn on the machine's cores first (other lines wait), then its bar
+    with cores.slot(ws, stage), progress.shown(ws, stage):
         for resumes in range(PREEMPTED_RESUMES + 1):
             try:
                 out = dvc(

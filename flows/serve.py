@@ -4,13 +4,14 @@
   pipeline/wmt14-en-de-base  the paper's base model on WMT 2014 en-de
   retrain/NAME               each line's retrain (dvc.yaml's artifacts, flows/lines.py): its
                              recipe, on its schedule, at most one run at a time per line and
-                             the lines at once
+                             the lines at once, their train stages in turns (flows/cores.py)
   retrain/retrain            instead, for a project whose one artifact declares no line (no
                              meta): the recipe of --retrain-preset and --retrain-override, on
                              --cron, as before lines
   promote/promote            put an experiment through the promotion gate (-p experiment=NAME)
 
-This process creates the deployments and the crash-recovery automations (flows/automations.py)
+This process creates the deployments, the crash-recovery automations (flows/automations.py) and
+this machine's train limit (--train-slots train stages at once, default 1: flows/cores.py)
 on the Prefect server named by PREFECT_API_URL, and runs their flow runs as subprocesses, each
 sending a heartbeat every 30 s. Run it under a supervisor that restarts it (systemd's
 Restart=always): a crashed run is rescheduled and the restarted process resumes it. Parameters
@@ -30,7 +31,7 @@ from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 
-from flows import automations, lines, registry
+from flows import automations, cores, lines, registry
 from flows.pipeline import pipeline
 from flows.promote import promote
 from flows.retrain import retrain
@@ -129,6 +130,13 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="an override of the retrain recipe (repeatable), e.g. train.max_steps=2000",
     )
+    parser.add_argument(
+        "--train-slots",
+        type=int,
+        metavar="N",
+        help="train stages at once on a machine, the lines' and the pipeline's (a Prefect "
+        f"global concurrency limit per machine; default: {cores.SLOTS_ENV} or 1; 0: no limit)",
+    )
 
 
 def recipe_args(
@@ -157,6 +165,10 @@ def recipe_args(
             check_override(override)
         except ConfigError as e:
             parser.error(str(e))
+    try:
+        cores.slots(args.train_slots), cores.limit_name()
+    except cores.SlotError as e:
+        parser.error(str(e))
     if not args.local_only and registry.default_remote(project) is None:
         parser.error(
             f"{project.resolve()} has no default DVC remote, so promotions would stay on this "
@@ -169,6 +181,8 @@ def recipe_args(
 def main(argv: list[str] | None = None) -> None:
     args = recipe_args(argv, "python -m flows.serve", __doc__)
     automations.install(automations.HEARTBEAT_S)
+    if turns := cores.install(args.train_slots):  # the served runs' train stages take turns
+        print(turns, flush=True)
     if args.local_only and registry.default_remote(Path(".")) is None:
         print(
             "--local-only: no default DVC remote, so a promoted champion stays in this "

@@ -319,6 +319,11 @@ def stop_all() -> None:
         stop_group(proc)
 
 
+def stopping(timeout_s: float = 0.0) -> bool:
+    """Whether the flow run is ending (stop_all), waiting up to `timeout_s` for it to."""
+    return _stopping.wait(timeout_s)
+
+
 def dvc(*args: str, cwd: Path, what: str = "") -> list[str]:
     """`dvc ARGS` with the venv's dvc (the one beside this interpreter)."""
     return run([sys.executable, "-m", "dvc", *args], cwd, what or f"dvc {args[0]}")

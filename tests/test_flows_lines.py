@@ -7,10 +7,10 @@ project promoted before lines keeps its registry under the new code."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.lines import LINES, declare, python, tags
 from prefect_fixtures import (
     DVC,
     ROOT,
@@ -22,26 +22,6 @@ from prefect_fixtures import (
     sh,
     wait_until,
 )
-
-LINES = """artifacts:
-  en-de:
-    path: data/package
-    type: model
-    meta: {recipe: {preset: demo}, schedule: null}
-  de-en:
-    path: data/package
-    type: model
-    meta:
-      recipe: {preset: demo, overrides: [train.max_steps=500]}
-      schedule: {cron: "0 4 * * 1", timezone: UTC}
-      retrain: {margin: 0.5}
-"""
-
-
-def declare(toy: Path, artifacts: str) -> None:
-    text = (toy / "dvc.yaml").read_text()
-    (toy / "dvc.yaml").write_text(text.split("artifacts:")[0] + artifacts)
-    sh("git", "commit", "-qam", "the lines", cwd=toy)
 
 
 def with_remotes(toy: Path, tmp_path: Path) -> Path:
@@ -55,18 +35,6 @@ def with_remotes(toy: Path, tmp_path: Path) -> Path:
     return bare
 
 
-def tags(repo: Path, *patterns: str) -> dict[str, str]:
-    """{tag: the commit it points at}."""
-    out = sh(
-        "git",
-        "for-each-ref",
-        "--format=%(refname:short) %(*objectname)%(objectname)",
-        *(f"refs/tags/{p}" for p in patterns),
-        cwd=repo,
-    )
-    return dict(line.split(" ", 1) for line in out.splitlines())
-
-
 def finished(run: str):
     def ended():
         with client() as c:
@@ -74,18 +42,6 @@ def finished(run: str):
         return r if r.state.is_final() else None
 
     return wait_until(f"flow run {run} to end", ended, timeout=1200)
-
-
-def python(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
 
 
 @pytest.mark.slow
@@ -101,6 +57,8 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
         log = proc.log_path.read_text()
         assert 'retrain/en-de: {"preset": "demo", "overrides": [], "line": "en-de", ' in log
         assert '"retrain.margin=0.5"], "line": "de-en", "schedule": "0 4 * * 1"}' in log
+        # this machine's train stages take turns (flows/cores.py): its limit, made at start
+        assert "train stages: 1 at a time on this machine (Prefect concurrency limit " in log
         # started at the same moment: neither waits for the other (one slot per line)
         runs = [
             run_id(deployment_run(env, f"retrain/{n}", watch=False, cwd=toy).stdout)

@@ -125,5 +125,24 @@ def test_the_package_layout_is_named_only_in_core_layout() -> None:
     assert not spelled
 
 
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/helpers/ or conftest.py: a test module imports no other, so
+    each runs alone and collecting one never runs another's tests' module code."""
+    tests = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[-1] in tests and parts[:-1] in ([], ["tests"]):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not found, "\n".join(found)
+
+
 def test_the_benchmarks_are_grouped() -> None:
     assert len(list((ROOT / "benchmarks").glob("*.py"))) <= 10
