@@ -37,6 +37,7 @@ from flows.shell import (
     stop_all,
     watch_parent,
 )
+from transformer.core.metrics import RUN_ENV
 
 MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes
 PREEMPTED_RESUMES = 3  # a stage preempted (exit 75) is resumed this many times in its task run
@@ -289,7 +290,7 @@ def run_experiment(
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     # the train stage records it in its checkpoints: a later run that goes on from them (the
     # workspace keeps one set) says from which experiment, at which step
-    os.environ["TRANSFORMER_RUN"] = name
+    os.environ[RUN_ENV] = name
     stages = run_stages(ws, dag, download_retries, retry_delay_s, done=done)
     recipe = {"preset": preset, "overrides": overrides, **({"line": line} if line else {})}
     exp_commit = save_experiment(ws, dag, name, recipe)
