@@ -19,6 +19,7 @@ from pathlib import Path
 
 from flows import automations, cores
 from flows.serve import RETRAIN_CRON, project_tag, recipe_args, specs
+from transformer.core.presets import DEMO
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +28,7 @@ def deploy(
     pool: str,
     project: Path = ROOT,
     cron: str = RETRAIN_CRON,
-    preset: str = "demo",
+    preset: str = DEMO,
     overrides: list[str] | None = None,
     train_slots: int | None = None,
 ) -> list[str]:

@@ -37,10 +37,9 @@ from typing import Any
 
 from flows import lines, registry
 from flows.dag import Stage, read_dag
-from flows.lineage import EVALUATE, PARENT, Snapshot, flatten
+from flows.lineage import EVALUATE, PARENT, TRAIN, Snapshot, flatten
 from transformer.core.metrics import KEYS
 
-TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
 COLUMNS = ("", "experiment", "version", "parent", "recipe", "BLEU", "steps", "time", "decision")
 WIDE = (*COLUMNS, "trained")

@@ -42,6 +42,7 @@ from flows.promote import decide, report, summary
 from flows.shell import apply_params, logger, read_section, run
 from flows.significance import Rules
 from transformer.core.layout import TOKENIZER
+from transformer.core.presets import DEMO
 from transformer.core.sections.model import WEIGHT_KEYS
 from transformer.core.settings import parse_yaml
 
@@ -184,7 +185,7 @@ def recipe(
     if preset != LINE_RECIPE:
         return preset, overrides
     if not found.declared:
-        return "demo", overrides
+        return DEMO, overrides
     return found.preset, [*found.overrides, *overrides]
 
 

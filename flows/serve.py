@@ -35,6 +35,7 @@ from flows import automations, cores, lines, registry
 from flows.pipeline import pipeline
 from flows.promote import promote
 from flows.retrain import retrain
+from transformer.core.presets import DEMO
 
 RETRAIN_CRON = "0 3 * * 1"  # Mondays 03:00
 
@@ -47,14 +48,14 @@ def project_tag(path: Path) -> str:
 
 def specs(
     cron: str = RETRAIN_CRON,
-    preset: str = "demo",
+    preset: str = DEMO,
     overrides: list[str] | None = None,
     project: Path = Path("."),
 ) -> list[tuple[Any, str, dict[str, Any]]]:
     """(flow, deployment name, deployment options) of each deployment; deploy.py's too. The
     project's lines are read (and checked: lines.LineError) here, before anything runs."""
     return [
-        (pipeline, "demo", {"parameters": {"preset": "demo"}}),
+        (pipeline, DEMO, {"parameters": {"preset": DEMO}}),
         (pipeline, "wmt14-en-de-base", {"parameters": {"preset": "wmt14-en-de-base"}}),
         *retrain_specs(lines.read(Path(project)), cron, preset, overrides),
         (promote, "promote", {}),
@@ -95,7 +96,7 @@ def retrain_specs(
 
 
 def deployments(
-    cron: str = RETRAIN_CRON, preset: str = "demo", overrides: list[str] | None = None
+    cron: str = RETRAIN_CRON, preset: str = DEMO, overrides: list[str] | None = None
 ) -> list:
     """The deployments this process serves, its flows imported by module path."""
     tags = [project_tag(Path.cwd())]  # the flows run in this checkout (project ".")
@@ -114,8 +115,8 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retrain-preset",
-        default="demo",
-        help="the preset the scheduled retrain trains (default: demo)",
+        default=DEMO,
+        help=f"the preset the scheduled retrain trains (default: {DEMO})",
     )
     parser.add_argument(
         "--local-only",
