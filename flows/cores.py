@@ -25,6 +25,7 @@ trains without a slot, saying so (a slower run, not a failed one).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import socket
@@ -33,6 +34,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from flows.lineage import TRAIN
 from flows.shell import Stopped, dvc, logger, stopping
@@ -132,7 +134,11 @@ class Turn:
         if self.lease is not None:
             self.since = time.monotonic()
             write_lease(self.ws, {"limit": self.name, "lease_id": str(self.lease)})
-            threading.Thread(target=self.renew, name="train-slot", daemon=True).start()
+            # in this context: the settings (PREFECT_API_URL) may be a context's, not the env's
+            renew = contextvars.copy_context().run
+            threading.Thread(
+                target=renew, args=(self.renew,), name="train-slot", daemon=True
+            ).start()
 
     def wait(self, client):
         """The lease of a slot, once one is free; None where no limit applies (none exists, or
@@ -274,7 +280,7 @@ def set_task_state(name: str, message: str) -> None:
         return
     state = AwaitingConcurrencySlot if name == "AwaitingConcurrencySlot" else Running
     with contextlib.suppress(Exception), get_client(sync_client=True) as client:
-        client.set_task_run_state(task_run.get_id(), state(message=message), force=True)
+        client.set_task_run_state(UUID(task_run.get_id()), state(message=message), force=True)
 
 
 def read_lease(ws: Path) -> dict[str, str] | None:
