@@ -39,7 +39,7 @@ class Loop:
         self,
         learner: Learner,
         tcfg: TrainConfig,
-        data,
+        data: Any,
         meta: dict[str, Any],
         resumed: tuple[dict[str, Any] | None, Any],
         ckpt_dir: Path,
@@ -49,18 +49,12 @@ class Loop:
     ):
         """`data`: its train and valid splits (PairDataset); `resumed`: the checkpoint and its
         path (None: a fresh run); `bleu`: valid BLEU at validation points, if any."""
-        ckpt, ckpt_path = resumed
-        train_set, valid_set = data.train, data.valid
         self.learner, self.cfg, self.meta, self.ckpt_dir = learner, tcfg, meta, ckpt_dir
-        self.train_set, self.valid_set, self.bleu, self.live_dir = (
-            train_set,
-            valid_set,
-            bleu,
-            live_dir,
-        )
+        self.train_set, self.valid_set = data.train, data.valid
+        self.bleu, self.live_dir = bleu, live_dir
         self.sampler = BatchSampler(
-            train_set.src_lens,
-            train_set.tgt_lens,
+            data.train.src_lens,
+            data.train.tgt_lens,
             tcfg.max_tokens,
             tcfg.seed,
             rank=dist.rank(),
@@ -69,22 +63,8 @@ class Loop:
             group=tcfg.update_freq,
         )
         self.batching = {f"train/{k}": x for k, x in self.sampler.stats.items()}
-        self.step, self.seconds = (
-            restore(ckpt, ckpt_path, learner, self.sampler) if ckpt else (0, 0.0)
-        )
-        # the experiment the flows name: its checkpoints record it (not meta, which must match)
-        self.run = os.environ.get(RUN_ENV)
-        self.origin = started_from(ckpt, self.run)
-        self.ema = ema.start(learner.model, tcfg.ema_decay, ckpt, ckpt_path)  # None: ema_decay 0
-        # (checkpoints from before the `final` flag: the last of their run)
-        finished = bool(ckpt and ckpt.get("final", True))
-        self.clock = Clock(tcfg, self.step, self.seconds, finished)
-        self.select = Selection(tcfg, bleu=bleu is not None)  # best checkpoints, early stopping
-        self.select.load_state_dict(ckpt.get(STATE) if ckpt else None)
-        self.clock.stop |= self.select.stopped  # resumed where patience ran out: nothing to train
-        state = ckpt.get("rewind") if ckpt else None
-        self.rewinder = Rewinder(tcfg, ckpt_dir, learner, self.sampler, state)
-        self.stream = batch_stream(train_set, self.sampler)
+        self.resume(*resumed)
+        self.stream = batch_stream(self.train_set, self.sampler)
         alone_on_cpu = learner.device.type == "cpu" and dist.world_size() == 1
         self.report = Report(
             live_dir, self.step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu, origin=self.origin
@@ -96,6 +76,24 @@ class Loop:
         self.n_tokens, self.lr = 0.0, 0.0
         self.logging = self.validating = self.saving = False
         learner.model.train()
+
+    def resume(self, ckpt: dict[str, Any] | None, path: Any) -> None:
+        """Where checkpoint `ckpt` left the run (None: a fresh run): the step and seconds, the
+        data position and RNG (resume.restore), the EMA, the clock, the selection, the rewinds."""
+        tcfg, learner = self.cfg, self.learner
+        self.step, self.seconds = restore(ckpt, path, learner, self.sampler) if ckpt else (0, 0.0)
+        # the experiment the flows name: its checkpoints record it (not meta, which must match)
+        self.run = os.environ.get(RUN_ENV)
+        self.origin = started_from(ckpt, self.run)
+        self.ema = ema.start(learner.model, tcfg.ema_decay, ckpt, path)  # None: ema_decay 0
+        # (checkpoints from before the `final` flag: the last of their run)
+        finished = bool(ckpt and ckpt.get("final", True))
+        self.clock = Clock(tcfg, self.step, self.seconds, finished)
+        self.select = Selection(tcfg, bleu=self.bleu is not None)  # the best, early stopping
+        self.select.load_state_dict(ckpt.get(STATE) if ckpt else None)
+        self.clock.stop |= self.select.stopped  # resumed where patience ran out: nothing to do
+        state = ckpt.get("rewind") if ckpt else None
+        self.rewinder = Rewinder(tcfg, self.ckpt_dir, learner, self.sampler, state)
 
     def on_ema(self):
         """What validation scores: the EMA's weights when it is on (in and out by load_state)."""
