@@ -6,18 +6,20 @@
     prefect worker start --pool gpu                    # on the machine, a service (README)
 
 The deployments are serve.py's (the same names, parameters, schedules and concurrency limits:
-a `retrain/NAME` per line of dvc.yaml, one run at a time per line, the lines at once),
-loaded from this checkout's folder, run with it as their working directory and with 30-second
-heartbeats; the crash-recovery automations are installed too.
+a `retrain/NAME` per line of dvc.yaml, one run at a time per line, the lines at once, their
+train stages in turns on each machine: flows/cores.py), loaded from this checkout's folder, run
+with it as their working directory and with 30-second heartbeats; the crash-recovery automations
+are installed too. Each worker's machine creates its own train limit at its first train stage,
+sized by --train-slots (else the worker's FLOWS_TRAIN_SLOTS, else 1).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flows import automations
-from flows.recipe import DEFAULT_PRESET
+from flows import automations, cores
 from flows.serve import RETRAIN_CRON, project_tag, recipe_args, specs
+from transformer.core.presets import DEMO
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,14 +28,19 @@ def deploy(
     pool: str,
     project: Path = ROOT,
     cron: str = RETRAIN_CRON,
-    preset: str = DEFAULT_PRESET,
+    preset: str = DEMO,
     overrides: list[str] | None = None,
     local_only: bool = False,
+    train_slots: int | None = None,
 ) -> list[str]:
-    """Create or update every deployment on work pool `pool`; their names."""
+    """Create or update every deployment on work pool `pool`; their names. `train_slots`: the
+    train stages at once on each worker's machine (its limit, created at its first train stage:
+    flows/cores.py), where not the worker's FLOWS_TRAIN_SLOTS or 1."""
     from prefect import Flow
 
     env = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(automations.HEARTBEAT_S)}
+    if train_slots is not None:
+        env[cores.SLOTS_ENV] = str(train_slots)
     names = []
     for f, name, options in specs(cron, preset, overrides, project, local_only):
         entry = f"{f.fn.__module__.replace('.', '/')}.py:{f.fn.__name__}"
@@ -56,7 +63,13 @@ def deploy(
 def main(argv: list[str] | None = None) -> None:
     args = recipe_args(argv, "python -m flows.deploy", __doc__, ROOT)
     found = deploy(
-        args.pool, ROOT, args.cron, args.retrain_preset, args.retrain_override, args.local_only
+        args.pool,
+        ROOT,
+        args.cron,
+        args.retrain_preset,
+        args.retrain_override,
+        args.local_only,
+        args.train_slots,
     )
     for name in found:
         print(f"deployment {name} on work pool {args.pool}")

@@ -24,7 +24,7 @@ from transformer.core.settings import parse_yaml
 DOWNLOAD, TOKENIZER, SHARD, EVALUATE = "download", "tokenizer", "shard", "evaluate"  # dvc.yaml
 PARENT = "parent"  # dvc.yaml: the model a continued retrain started from
 HELPERS = "helpers"  # dvc.yaml: the other lines' champions a run used (flows/helpers.py)
-TRAIN = "train"  # dvc.yaml: its metrics' `origin`, the run whose checkpoints it went on from
+TRAIN = "train"  # dvc.yaml: its metrics' `origin` (the run it went on from), its progress, its turn
 
 # evaluate's values that metrics written by older versions of the stage may lack: the record
 # falls back to the manifest's and DVC's hashes (test_set_hash, lineage)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flows.shell import logger
+from flows.workspace import file_name
 
 _held: set[Path] = set()
 
@@ -18,9 +19,7 @@ def lock_path(project: Path, line: str | None = None) -> Path:
     """The lock file of the run workspace of line `line` (None: the pipeline flow's)."""
     tmp = Path(project) / ".dvc" / "tmp"
     return (
-        tmp / "flows.lock"
-        if line is None
-        else tmp / "flows" / "lines" / f"{line.replace('/', '%2F')}.lock"
+        tmp / "flows.lock" if line is None else tmp / "flows" / "lines" / f"{file_name(line)}.lock"
     )
 
 

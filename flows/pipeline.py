@@ -25,7 +25,7 @@ from prefect.futures import wait
 from prefect.runtime import deployment, flow_run
 from prefect.tasks import exponential_backoff
 
-from flows import helpers, lineage, lines, progress, recipe, workspace
+from flows import cores, helpers, lineage, lines, progress, recipe, workspace
 from flows.artifacts import written
 from flows.curves import publish_curves
 from flows.dag import Stage, read_dag
@@ -39,6 +39,7 @@ from flows.shell import (
     stop_all,
     watch_parent,
 )
+from transformer.core.metrics import RUN_ENV
 
 MAX_ATTEMPTS = 3  # runs of one flow run: the first, and the retries after crashes
 PREEMPTED_RESUMES = 3  # a stage preempted (exit 75) is resumed this many times in its task run
@@ -62,7 +63,8 @@ def repro(ws: Path, stage: str, force: bool = False) -> str:
     """`dvc repro --single-item STAGE`: "ran", "skipped" (unchanged) or "restored" (run-cache)."""
     t0 = time.monotonic()
     logger().info("stage %s: started", stage)
-    with progress.shown(ws, stage):  # the train stage's bar in the UI
+    # the train stage: its turn on the machine's cores first (other lines wait), then its bar
+    with cores.slot(ws, stage), progress.shown(ws, stage):
         for resumes in range(PREEMPTED_RESUMES + 1):
             try:
                 out = dvc(
@@ -311,7 +313,7 @@ def run_experiment(
     name = f"{flow_run.get_flow_name()}-{flow_run.get_name()}-{flow_run.get_id()[:8]}"
     # the train stage records it in its checkpoints: a later run that goes on from them (the
     # workspace keeps one set) says from which experiment, at which step
-    os.environ["TRANSFORMER_RUN"] = name
+    os.environ[RUN_ENV] = name
     helpers.fetch(ws, dag)  # the other lines' champions params.yaml pins, for the helpers stage
     stages = run_stages(ws, dag, download_retries, retry_delay_s, done=done)
     recipe = {"preset": preset, "overrides": overrides, **({"line": line} if line else {})}

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from flows.artifacts import written
+from flows.lineage import TRAIN  # the stage whose progress is shown
 from flows.shell import logger, read_section
 
-TRAIN = "train"  # dvc.yaml: the stage whose progress is shown
 KEY = "train-progress"
 # seconds between two reads (and updates): a bar, not a log; the tests' toy run takes seconds
 EVERY_S = float(os.environ.get("FLOWS_PROGRESS_EVERY_S", "60"))

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from flows import lines
 from flows.significance import Rules
+from transformer.core.presets import DEMO
 
 # the retrain flow's default preset: the line's declared recipe (a name no preset file can take:
 # the presets are checked against presets/*.yaml, and "line" is not one)
 LINE_RECIPE = "line"
-DEFAULT_PRESET = "demo"  # what a line without a declared recipe trains (retrain/retrain's)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def recipe(
     if preset != LINE_RECIPE:
         return preset, overrides
     if not found.declared:
-        return DEFAULT_PRESET, overrides
+        return DEMO, overrides  # a line without a declared recipe (retrain/retrain's)
     return found.preset, [*found.overrides, *overrides]
 
 

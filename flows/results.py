@@ -38,10 +38,9 @@ from typing import Any
 
 from flows import lines, registry
 from flows.dag import Stage, read_dag
-from flows.lineage import EVALUATE, HELPERS, PARENT, Snapshot, flatten, used
+from flows.lineage import EVALUATE, HELPERS, PARENT, TRAIN, Snapshot, flatten, used
 from transformer.core.metrics import KEYS
 
-TRAIN = "train"  # dvc.yaml
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
 COLUMNS = ("", "experiment", "version", "parent", "recipe", "BLEU", "steps", "time", "decision")
 WIDE = (*COLUMNS, "trained", "helpers")  # helpers: the other lines' champions it used

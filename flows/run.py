@@ -6,7 +6,7 @@
 
 A value is read as JSON where it parses (a list, a number), else as a string. With --wait it
 prints each state the run passes through and each stage (a task run, its subflows' included) as
-it starts and ends, then what the run decided (the experiment it saved and its BLEU, the
+it starts and ends (a train stage waiting for the machine's cores says so: flows/cores.py), then what the run decided (the experiment it saved and its BLEU, the
 promotion gate's verdict and why, or why nothing was retrained; the run's warnings, such as a
 champion that no DVC remote holds), then the final state and, for a failure, its message: the
 stage and its own error line. A crash is not the end: the automation "retry crashed runs" reschedules the run and
@@ -87,7 +87,10 @@ class Follower:
             name = t.state.name if t.state else "Pending"
             if self.tasks.get(t.id) != name:
                 self.tasks[t.id] = name
-                say(f"stage {stage_name(t)}: {name}")
+                # a stage on its way says why where it says anything: a train stage waiting for
+                # the machine's cores (AwaitingConcurrencySlot), a preempted one resuming
+                why = t.state.message if t.state and not t.state.is_final() else None
+                say(f"stage {stage_name(t)}: {name}" + (f": {why}" if why else ""))
                 self.failed.pop(t.id, None)
                 if t.state and t.state.is_failed():
                     self.failed[t.id] = stage_name(t)

@@ -4,13 +4,14 @@
   pipeline/wmt14-en-de-base  the paper's base model on WMT 2014 en-de
   retrain/NAME               each line's retrain (dvc.yaml's artifacts, flows/lines.py): its
                              recipe, on its schedule, at most one run at a time per line and
-                             the lines at once
+                             the lines at once, their train stages in turns (flows/cores.py)
   retrain/retrain            instead, for a project whose one artifact declares no line (no
                              meta): the recipe of --retrain-preset and --retrain-override, on
                              --cron, as before lines
   promote/promote            put an experiment through the promotion gate (-p experiment=NAME)
 
-This process creates the deployments and the crash-recovery automations (flows/automations.py)
+This process creates the deployments, the crash-recovery automations (flows/automations.py) and
+this machine's train limit (--train-slots train stages at once, default 1: flows/cores.py)
 on the Prefect server named by PREFECT_API_URL, and runs their flow runs as subprocesses, each
 sending a heartbeat every 30 s. Run it under a supervisor that restarts it (systemd's
 Restart=always): a crashed run is rescheduled and the restarted process resumes it. Parameters
@@ -33,10 +34,11 @@ from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.deployments.runner import EntrypointType
 
-from flows import automations, lines, recipe, registry
+from flows import automations, cores, lines, registry
 from flows.pipeline import pipeline
 from flows.promote import promote
 from flows.retrain import retrain
+from transformer.core.presets import DEMO
 
 RETRAIN_CRON = "0 3 * * 1"  # Mondays 03:00
 
@@ -49,7 +51,7 @@ def project_tag(path: Path) -> str:
 
 def specs(
     cron: str = RETRAIN_CRON,
-    preset: str = recipe.DEFAULT_PRESET,
+    preset: str = DEMO,
     overrides: list[str] | None = None,
     project: Path = Path("."),
     local_only: bool = False,
@@ -58,7 +60,7 @@ def specs(
     project's lines are read (and checked: lines.LineError) here, before anything runs.
     `local_only`: the retrain and promote runs decide without the git remote origin."""
     out = [
-        (pipeline, "demo", {"parameters": {"preset": "demo"}}),
+        (pipeline, DEMO, {"parameters": {"preset": DEMO}}),
         (pipeline, "wmt14-en-de-base", {"parameters": {"preset": "wmt14-en-de-base"}}),
         *retrain_specs(lines.read(Path(project)), cron, preset, overrides),
         (promote, "promote", {}),
@@ -106,7 +108,7 @@ def retrain_specs(
 
 def deployments(
     cron: str = RETRAIN_CRON,
-    preset: str = recipe.DEFAULT_PRESET,
+    preset: str = DEMO,
     overrides: list[str] | None = None,
     local_only: bool = False,
 ) -> list:
@@ -128,7 +130,7 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retrain-preset",
         help="the preset the scheduled retrain of a project without lines trains (default: "
-        f"{recipe.DEFAULT_PRESET}); a line's recipe is its dvc.yaml meta.recipe",
+        f"{DEMO}); a line's recipe is its dvc.yaml meta.recipe",
     )
     parser.add_argument(
         "--local-only",
@@ -144,6 +146,13 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="an override of the retrain recipe of a project without lines (repeatable), e.g. "
         "train.max_steps=2000",
+    )
+    parser.add_argument(
+        "--train-slots",
+        type=int,
+        metavar="N",
+        help="train stages at once on a machine, the lines' and the pipeline's (a Prefect "
+        f"global concurrency limit per machine; default: {cores.SLOTS_ENV} or 1; 0: no limit)",
     )
 
 
@@ -176,12 +185,16 @@ def recipe_args(
             "meta.recipe (preset, overrides) and commit it, or give one run its own with "
             "`python -m flows.run retrain/NAME -p overrides='[...]'`\n",
         )
-    args.retrain_preset = args.retrain_preset or recipe.DEFAULT_PRESET
+    args.retrain_preset = args.retrain_preset or DEMO
     for override in args.retrain_override:
         try:
             check_override(override)
         except ConfigError as e:
             parser.error(str(e))
+    try:
+        cores.slots(args.train_slots), cores.limit_name()
+    except cores.SlotError as e:
+        parser.error(str(e))
     if not args.local_only and registry.default_remote(project) is None:
         parser.error(
             f"{project.resolve()} has no default DVC remote, so promotions would stay on this "
@@ -194,6 +207,8 @@ def recipe_args(
 def main(argv: list[str] | None = None) -> None:
     args = recipe_args(argv, "python -m flows.serve", __doc__)
     automations.install(automations.HEARTBEAT_S)
+    if turns := cores.install(args.train_slots):  # the served runs' train stages take turns
+        print(turns, flush=True)
     if args.local_only and registry.default_remote(Path(".")) is None:
         print(
             "--local-only: no default DVC remote, so a promoted champion stays in this "

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from transformer.core.failure import FAILURE_RECORD
+from transformer.core.failure import FAILURE_RECORD, PREEMPTED
 from transformer.core.failure import cause as failure_cause
 from transformer.core.failure import read as read_record
 
@@ -42,9 +42,8 @@ TRANSIENT = re.compile(
     # command and "exited with 137" (128 + 9) when a shell waited for it; torchrun "exitcode : -9"
     r"exited with (-(9|15)|137|143)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
 )
-# the train stage's "preempted, resume me" (transformer/training/preempt.py: SIGTERM / SIGUSR1 to it, or
-# a cancelled run's stop): it saved the update in progress, and --resume goes on from it
-PREEMPTED = 75
+# the train stage's "preempted, resume me" (PREEMPTED: SIGTERM / SIGUSR1 to it, or a cancelled
+# run's stop): it saved the update in progress, and --resume goes on from it
 EXITED_PREEMPTED = re.compile(rf"exited with {PREEMPTED}\b")
 # the fallback where a command wrote no failure record (transformer/core/failure.py): its last
 # error line, dotted exception names included (torch.OutOfMemoryError: ...)
@@ -317,6 +316,11 @@ def stop_all() -> None:
     _stopping.set()
     for proc in list(_running):
         stop_group(proc)
+
+
+def stopping(timeout_s: float = 0.0) -> bool:
+    """Whether the flow run is ending (stop_all), waiting up to `timeout_s` for it to."""
+    return _stopping.wait(timeout_s)
 
 
 def dvc(*args: str, cwd: Path, what: str = "") -> list[str]:

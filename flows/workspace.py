@@ -31,8 +31,13 @@ LINES = Path(".dvc/tmp/flows/lines")  # a line's workspace: LINES / NAME
 
 def path(project: Path, line: str | None = None) -> Path:
     """The run workspace of line `line` (None: the pipeline flow's)."""
-    # "/" escaped: line a's folder must not hold line a/b's (reap() kills what runs inside)
-    return Path(project) / (WORKSPACE if line is None else LINES / line.replace("/", "%2F"))
+    return Path(project) / (WORKSPACE if line is None else LINES / file_name(line))
+
+
+def file_name(line: str) -> str:
+    """Line `line`'s name as one file name: "/" escaped, so that line a's folder does not hold
+    line a/b's (reap() kills what runs inside a workspace), nor its lock file line a/b's."""
+    return line.replace("/", "%2F")
 
 
 class WorkspaceError(RuntimeError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import uuid
 from pathlib import Path
 
 # One OpenMP thread in the tests and every process they start, set before anything imports
@@ -35,6 +36,17 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 @pytest.fixture(scope="session", autouse=True)
 def _dvc_site_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["DVC_SITE_CACHE_DIR"] = str(tmp_path_factory.mktemp("dvc-site-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _own_train_limit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test on the Prefect server trains under a machine train limit of its own
+    (flows/cores.py): a run a test kills while it holds the slot keeps it for up to a minute
+    (its lease), which must not hold up the next test's train stages."""
+    if "prefect_server" in request.fixturenames:
+        name = f"train-cores:test-{uuid.uuid4().hex[:12]}"
+        request.getfixturevalue("prefect_server")["FLOWS_TRAIN_LIMIT"] = name  # its processes'
+        monkeypatch.setenv("FLOWS_TRAIN_LIMIT", name)  # the flows it runs in-process
 
 
 @pytest.fixture(scope="session")

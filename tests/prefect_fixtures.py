@@ -113,6 +113,9 @@ elif stage == "train":  # persist: a killed run's retry finds its checkpoints, a
         for old in done:
             old.unlink()
         pathlib.Path("data/checkpoints/step_00000001.pt").write_text(f"{steps} partial")
+    if env("TOY_SPANS"):  # when each train stage ran, by its workspace
+        with open(env("TOY_SPANS"), "a") as f:
+            f.write(f"{os.getcwd()} start {time.time()}\n")
     if env("TOY_STARTED"):
         pathlib.Path(env("TOY_STARTED")).touch()
     hold = env("TOY_HOLD")
@@ -137,6 +140,9 @@ elif stage == "train":  # persist: a killed run's retry finds its checkpoints, a
                 fh.write(f"step\t{name.split('/')[1]}\n" * new + f"{s}\t{x:.3f}\n")
         dump("data/live/metrics.json", {"step": s, "train": {"loss": 10 / s, "seconds": s}})
         time.sleep(pace / steps)
+    if env("TOY_SPANS"):
+        with open(env("TOY_SPANS"), "a") as f:
+            f.write(f"{os.getcwd()} end {time.time()}\n")
     print(f"toy train: trained {steps} steps", flush=True)
 elif stage == "evaluate":
     ckpts = sorted(str(p) for p in pathlib.Path("data/checkpoints").glob("step_*.pt"))

@@ -17,8 +17,8 @@ import pytest
 import torch
 import yaml
 from helpers.continuing import FIRST_PAIRS, preset, project_with_recipe, write_corpus
+from helpers.lines import declare, tags
 from prefect_fixtures import sh
-from test_flows_lines import declare, tags
 
 from flows import lineage, registry
 from flows.dag import locked_outs, read_dag

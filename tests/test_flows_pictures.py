@@ -17,6 +17,7 @@ from pathlib import Path
 
 import chromium
 import pytest
+from helpers.curves import line_points
 from prefect_fixtures import (
     BIN,
     DVC,
@@ -35,7 +36,6 @@ from prefect_fixtures import (
 )
 
 from flows.workspace import WORKSPACE
-from tests.test_curves import line_points
 from transformer.core.curves import read_tsv
 
 DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"

@@ -109,7 +109,7 @@ def test_the_retrain_section_is_left_out_of_the_package_the_recipe_hash_and_the_
 def test_the_card_shows_the_training_curves_from_the_package(scored, tmp_path):
     """--plots: the run's dvclive curves drawn into curves.svg, which the card (and the
     Hugging Face form's copy of it) links; without it, no picture and no link."""
-    from tests.test_curves import line_points, write_live
+    from helpers.curves import line_points, write_live
 
     d = scored
     plots = write_live(tmp_path / "live" / "plots" / "metrics", steps=30)

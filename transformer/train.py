@@ -18,56 +18,42 @@ its last good checkpoint, or stops it: rewind.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import faulthandler
 import math
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from transformer.core import allocator, dist, failure, hardware, settings
+from transformer.core import allocator, dist, failure, settings
 from transformer.core.files import sha256_file
 from transformer.core.layout import MODEL
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.retrain import RetrainConfig
 from transformer.core.sections.train import TrainConfig
 from transformer.core.settings import ConfigError
-from transformer.data.batches import BatchSampler, DataError, PairDataset, collate, load_split
+from transformer.data.batches import DataError, PairDataset, load_split
 from transformer.data.vocab import TokenizerError, load_tokenizer, tokenizer_sha256
 from transformer.model import checkpoint
 from transformer.model.checkpoint import CheckpointError
 from transformer.model.precision import resolve_precision
 from transformer.model.translator import DecodeError
-from transformer.training import ema, graphs, preempt
-from transformer.training.clock import Clock
+from transformer.training import graphs, preempt
 from transformer.training.continuation import (
     Continuation,
     ParentError,
     continuation,
     continued_train_config,
-    load_parent,
+    start_from_parent,
 )
-from transformer.training.learner import Learner, n_targets
-from transformer.training.losses import LossSums, NonFiniteLoss
-from transformer.training.report import Report
-from transformer.training.resume import (
-    load_resume,
-    make_checkpoint,
-    restore,
-    started_from,
-    write_checkpoint,
-)
-from transformer.training.rewind import Rewinder
-from transformer.training.selection import STATE, Selection
-from transformer.training.validation import ValidBleu, ValidText, load_valid_text, validate
-
-RUN_ENV = "TRANSFORMER_RUN"  # the experiment a flow runs the stage for (flows/pipeline.py)
+from transformer.training.learner import Learner
+from transformer.training.loop import Loop
+from transformer.training.losses import NonFiniteLoss
+from transformer.training.resume import load_resume
+from transformer.training.validation import ValidBleu, ValidText, load_valid_text
 
 
 def rate(
@@ -89,13 +75,6 @@ def rate(
     elif cfg.lr_decay == "cosine":
         lr *= 0.5 * (1.0 + math.cos(math.pi * p))
     return lr
-
-
-def batch_stream(dataset, sampler) -> Iterator[tuple[dict[str, int], Any]]:
-    """(sampler position after this batch, collated batch) forever, epoch after epoch."""
-    while True:  # the sampler continues from its position and rolls over into the next epoch
-        for idx in sampler:
-            yield sampler.state_dict(), collate([dataset[j] for j in idx], sampler.shape)
 
 
 def update_path(tcfg: TrainConfig, device: torch.device, precision: str) -> dict[str, bool]:
@@ -124,6 +103,81 @@ def output_ids(mcfg: ModelConfig, vocab: int, *splits: PairDataset) -> torch.Ten
     return ids
 
 
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """The run's data: the tokenizer's size and sha256, the train and valid shards, and the
+    softmax's units (None: the whole vocabulary)."""
+
+    vocab: int
+    sha: str
+    train: PairDataset
+    valid: PairDataset
+    ids: torch.Tensor | None
+
+
+def load_data(shards_dir: Path, tokenizer_dir: Path, mcfg: ModelConfig) -> Data:
+    vocab, sha = load_tokenizer(tokenizer_dir).size, tokenizer_sha256(tokenizer_dir)
+    train_set = load_split(shards_dir, "train", sha)
+    valid_set = load_split(shards_dir, "valid", sha)
+    # with model.output_vocab target the softmax's units come from the valid targets too
+    return Data(vocab, sha, train_set, valid_set, output_ids(mcfg, vocab, train_set, valid_set))
+
+
+def set_up(tcfg: TrainConfig, device: torch.device) -> str:
+    """This process's threads; the run's precision, resolved (fp16 only on CUDA)."""
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    if tcfg.precision == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
+    return resolve_precision(tcfg.precision, device, "train.precision")
+
+
+def run_meta(
+    mcfg: ModelConfig,
+    tcfg: TrainConfig,
+    data: Data,
+    precision: str,
+    parent: Path | None,
+    continued: Continuation | None,
+) -> dict[str, Any]:
+    """What a checkpoint must match for --resume to go on from it (resume.py), and records."""
+    return {
+        "model_config": dataclasses.asdict(mcfg),
+        "vocab_size": data.vocab,
+        "world_size": dist.world_size(),
+        "tokenizer_sha256": data.sha,
+        # as resolved: `auto` is bf16 on one host and fp32 on another, and a resume must not
+        # switch silently (a differing train_config starts afresh, saying so)
+        "train_config": {**dataclasses.asdict(tcfg), "precision": precision},
+        # The train shards' sha256s: with the same tokenizer they still change with
+        # shard.max_len or a re-run of BPE-dropout, and a resume on other pairs is not the run
+        # params.yaml describes.
+        "train_shards": [s["sha256"] for s in data.train.index["shards"]],
+        "output_ids": None if data.ids is None else data.ids.tolist(),
+        "parent_sha256": sha256_file(Path(parent) / MODEL) if parent else None,
+        "continued": dataclasses.asdict(continued) if continued else None,  # its rate schedule
+    }
+
+
+def make_learner(
+    mcfg: ModelConfig,
+    tcfg: TrainConfig,
+    data: Data,
+    device: torch.device,
+    precision: str,
+    ckpt_dir: Path,
+) -> Learner:
+    """The update on the path update_path resolves; a captured one runs eagerly the batch shapes
+    whose replay failed before (graphs.py: None, every shape)."""
+    path = update_path(tcfg, device, precision)
+    eager = graphs.failed_before(ckpt_dir) if path["graphs"] else set()  # a failed replay's
+    path["graphs"] &= eager is not None
+    learner = Learner(mcfg, tcfg, data.vocab, data.ids, device, precision, **path)
+    if learner.graphs is not None:
+        learner.graphs.eager |= eager
+    return learner
+
+
 def train(
     shards_dir: Path,
     tokenizer_dir: Path,
@@ -141,166 +195,33 @@ def train(
     folder `parent` where given (a continued retrain, at the rate `continued`), scoring BLEU on
     `valid_text` at validation points; returns the final step, seconds and metrics."""
     allocator.keep_freed_memory()
-    rank, world, device = dist.init()
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    if tcfg.precision == "fp16" and device.type != "cuda":
-        raise ConfigError("train.precision fp16 needs CUDA (use auto or fp32 on CPU)")
-    precision = resolve_precision(tcfg.precision, device, "train.precision")
-    vocab, sha = load_tokenizer(tokenizer_dir).size, tokenizer_sha256(tokenizer_dir)
-    train_set = load_split(shards_dir, "train", sha)
-    valid_set = load_split(shards_dir, "valid", sha)
-    # The train shards' sha256s: with the same tokenizer they still change with shard.max_len or
-    # a re-run of BPE-dropout, and a resume on other pairs is not the run params.yaml describes.
-    # With model.output_vocab target the softmax's units come from the valid targets too.
-    ids = output_ids(mcfg, vocab, train_set, valid_set)
-    meta = {
-        "model_config": dataclasses.asdict(mcfg),
-        "vocab_size": vocab,
-        "world_size": world,
-        "tokenizer_sha256": sha,
-        # as resolved: `auto` is bf16 on one host and fp32 on another, and a resume must not
-        # switch silently (a differing train_config starts afresh, saying so)
-        "train_config": {**dataclasses.asdict(tcfg), "precision": precision},
-        "train_shards": [s["sha256"] for s in train_set.index["shards"]],
-        "output_ids": None if ids is None else ids.tolist(),
-        "parent_sha256": sha256_file(Path(parent) / MODEL) if parent else None,
-        "continued": dataclasses.asdict(continued) if continued else None,  # its rate schedule
-    }
-
+    rank, _, device = dist.init()
+    precision = set_up(tcfg, device)
+    data = load_data(shards_dir, tokenizer_dir, mcfg)
+    meta = run_meta(mcfg, tcfg, data, precision, parent, continued)
     ckpt, ckpt_path = load_resume(ckpt_dir, meta, resume)
     torch.manual_seed(tcfg.seed)  # the same initial weights on every rank
-    path = update_path(tcfg, device, precision)
-    eager = graphs.failed_before(ckpt_dir) if path["graphs"] else set()  # a failed replay's
-    path["graphs"] &= eager is not None  # (None: every shape)
-    learner = Learner(mcfg, tcfg, vocab, ids, device, precision, **path)
-    if learner.graphs is not None:
-        learner.graphs.eager |= eager
-    model, opt, scaler = learner.model, learner.opt, learner.scaler
+    learner = make_learner(mcfg, tcfg, data, device, precision, ckpt_dir)
     if ckpt is None and parent is not None:  # a fresh continuation: the parent's weights
-        init, init_path = load_parent(parent, sha)
-        checkpoint.load_weights(model, init, init_path)
-        dist.print0(
-            f"continuing from {init_path} (trained {init['step']} steps, "
-            f"{continued.updates if continued else init['step']} with its ancestors')"
-            + (
-                f": its last rate {continued.last_rate(mcfg.d_model):.3g} x "
-                f"{continued.lr_factor}, reached over {continued.rewarmup_steps} updates"
-                if continued
-                else ""
-            )
-        )
-        del init
+        start_from_parent(learner.model, parent, data.sha, continued, mcfg.d_model)
     torch.manual_seed(tcfg.seed * 1000 + rank)  # a fresh run: its own dropout stream per rank
-    sampler = BatchSampler(
-        train_set.src_lens,
-        train_set.tgt_lens,
-        tcfg.max_tokens,
-        tcfg.seed,
-        rank=rank,
-        world_size=world,
-        static=path["static"],
-        group=tcfg.update_freq,
-    )
-    batching = {f"train/{k}": x for k, x in sampler.stats.items()}
-    step, seconds = restore(ckpt, ckpt_path, learner, sampler) if ckpt else (0, 0.0)
-    run = os.environ.get(RUN_ENV)  # the flows name the run; checkpoints record it, not meta
-    origin = started_from(ckpt, run)
-    ema_avg = ema.start(model, tcfg.ema_decay, ckpt, ckpt_path)  # None with ema_decay 0
-    # what validation scores: the EMA's weights when it is on (in and out by learner.load_state)
-    on_ema = (lambda: ema_avg.swapped(learner.load_state)) if ema_avg else contextlib.nullcontext
-    clock = Clock(tcfg, step, seconds, finished=bool(ckpt and ckpt.get("final", True)))
-    select = Selection(tcfg, bleu=valid_text is not None)  # best checkpoints, early stopping
-    select.load_state_dict(ckpt.get(STATE) if ckpt else None)
-    clock.stop |= select.stopped  # resumed where patience ran out: nothing left to train
     bleu = ValidBleu(valid_text, tokenizer_dir, device) if valid_text else None
-    rewinder = Rewinder(tcfg, ckpt_dir, learner, sampler, ckpt.get("rewind") if ckpt else None)
-    del ckpt  # (checkpoints from before the `final` flag: the last of their run)
-    stream = batch_stream(train_set, sampler)
-    alone_on_cpu = device.type == "cpu" and world == 1
-    report = Report(live_dir, step, tcfg.max_steps, progress_bar, cpu=alone_on_cpu, origin=origin)
-    losses = LossSums(learner.sums, step)
-    notice = preempt.Notice()  # SIGTERM / SIGUSR1 (main): save the update in progress, stop
-    model.train()
-    while not clock.stop:
-        step += 1
-        batches = [next(stream) for _ in range(tcfg.update_freq)]
-        pos = batches[-1][0]  # the data position after this update, for the checkpoint
-        n_tokens = clock.tick(step, sum(n_targets(b) for _, b in batches))
-        lr = rate(step, tcfg, mcfg.d_model, clock.progress(step - 1), continued)
-        lr *= rewinder.factor(step)  # lowered for a while after a rewind
-        learner.step([b for _, b in batches], n_tokens, lr)  # its loss sums: into losses.sums
-        rewinder.inject(step)  # train.inject_divergence_at, a test hook (as the update did it)
-        if ema_avg:
-            ema_avg.update()
-        losses.add(n_tokens)
-        report.bar.update(1)
-
-        logging, validating = clock.should_log(step), clock.should_validate(step)
-        saving = notice.agreed() or clock.should_save(step)
-        if not (logging or validating or saving):
+    loop = Loop(
+        learner, tcfg, data, meta, (ckpt, ckpt_path), ckpt_dir, bleu, live_dir, progress_bar
+    )
+    del ckpt  # its tensors freed: the loop holds what it restored from them
+    while not loop.clock.stop:
+        step = loop.next_update()
+        lr = rate(step, tcfg, mcfg.d_model, loop.clock.progress(step - 1), continued)
+        loop.update(lr * loop.rewinder.factor(step))  # lowered for a while after a rewind
+        if not loop.at_point():
             continue  # nothing read back: on a GPU the host runs ahead to the next update
-        if (back := rewinder.read(losses, step, pos)) is not None:  # diverged: rewound
-            step, stream = back, batch_stream(train_set, sampler)  # past the diverged batches
-            losses = LossSums(learner.sums, back)
-            select.load_state_dict(rewinder.restored.get(STATE))  # its best list and patience
-            if ema_avg:  # its average too: the diverged updates reached it
-                ema_avg.load_state_dict(rewinder.restored[ema.KEY])
-            clock.stop = False  # (if it diverged at the last step)
-            report.rewound(back)
-            continue
-        logged = {}
-        if logging:
-            logged = {**report.train_metrics(losses.take(), lr, clock.seconds()), **batching}
-            logged.update(rewinder.metrics() | learner.metrics())
-        if validating:
-            with on_ema():  # the EMA's scores when it is on
-                v = validate(model, valid_set, tcfg, device, learner.autocast)
-                v.update(bleu(model) if bleu else {})
-            logged.update({f"valid/{k}": x for k, x in v.items()})
-            saving |= select.update(step, v)  # a new best: its checkpoint is kept
-            clock.stop |= select.stopped
-            saving |= clock.stop
-            report.pause()
-        report.log(step, logged)
-        seconds = clock.seconds()
-        if saving:
-            ckpt = make_checkpoint(model, opt, scaler, meta, step, seconds, pos, clock.stop)
-            if ckpt is not None:
-                ckpt.update(run=run, origin=origin, rewind=rewinder.state_dict())
-                ckpt[hardware.KEY] = learner.trained_on()  # where and how, to the package
-                ckpt[STATE] = select.state_dict()
-                ema.add_to(ckpt, ema_avg)
-                path = write_checkpoint(ckpt_dir, ckpt, tcfg.keep_last, select.best_steps())
-                report.bar.write(f"step {step}: saved {path}")
-            clock.saved()
-        if notice.stopped:
-            break
-    # nothing trained (the run was already done) and its curves gone (a clone that pulled the
-    # checkpoints only): log where it stands, so that the stage's metrics and plots exist again.
-    # Rank 0 decides: every rank must join validate's all-reduce, or none.
-    if (
-        not report.metrics
-        and not notice.stopped
-        and dist.broadcast_object(
-            report.live is not None and not any(Path(live_dir, "plots").rglob("*.tsv"))
-        )
-    ):
-        with on_ema():
-            v = validate(model, valid_set, tcfg, device, learner.autocast)
-        report.log(step, {f"valid/{k}": x for k, x in v.items()})
-    # why it stopped, the best (a preempted run has not stopped: it resumes)
-    outcome = {} if notice.stopped else select.summary(step, tcfg.max_steps, seconds)
-    if report.live is not None:
-        report.live.summary.update({**outcome, hardware.KEY: learner.trained_on()})
-    report.close()
-    return {
-        "step": step,
-        "train_seconds": seconds,
-        "preempted": notice.stopped,
-        **report.metrics,
-        **outcome,
-    }
+        if loop.rewound():
+            continue  # diverged: back at its last good checkpoint, past the diverged batches
+        loop.log_and_save()
+        if loop.notice.stopped:
+            break  # preempted: this update is saved, and --resume goes on from it
+    return loop.finish()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,11 +26,10 @@ import torch.nn.functional as F
 from transformer.core import presets
 from transformer.core.allocator import keep_freed_memory
 from transformer.core.ids import PAD_ID
-from transformer.data.batches import BatchSampler, load_split
+from transformer.data.batches import BatchSampler, batch_stream, load_split
 from transformer.data.vocab import load_tokenizer
 from transformer.model.network import Transformer
 from transformer.model.ops import output_loss
-from transformer.train import batch_stream
 
 
 def torch_loss(h, w, y, eps):

@@ -33,10 +33,10 @@ from tqdm import tqdm
 
 from transformer.core import allocator, presets
 from transformer.core.ids import PAD_ID
-from transformer.data.batches import BatchSampler, load_split
+from transformer.data.batches import BatchSampler, batch_stream, load_split
 from transformer.data.vocab import load_tokenizer
 from transformer.model.precision import resolve_precision
-from transformer.train import batch_stream, output_ids
+from transformer.train import output_ids
 from transformer.training.learner import Learner, n_targets
 
 

@@ -22,9 +22,8 @@ import torch
 from transformer.core import dist, settings
 from transformer.core.sections.model import ModelConfig
 from transformer.core.sections.train import TrainConfig
-from transformer.data.batches import BatchSampler, load_split
+from transformer.data.batches import BatchSampler, batch_stream, load_split
 from transformer.data.vocab import load_tokenizer
-from transformer.train import batch_stream
 from transformer.training import preempt
 from transformer.training.learner import Learner, n_targets
 

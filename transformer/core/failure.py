@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 FAILURE_RECORD = "TRANSFORMER_FAILURE_RECORD"
+# EX_TEMPFAIL: "preempted, resume me": the train stage saved its update in progress
+# (transformer/training/preempt.py), and the flows retry it with --resume (flows/shell.py)
+PREEMPTED = 75
 
 
 def type_name(error: BaseException) -> str:
@@ -36,7 +39,7 @@ def record(stage: str, error: BaseException) -> None:
         return
     if isinstance(error, SystemExit):
         if error.code is None or isinstance(error.code, int):
-            return  # a status says it (0, 75 preempted: transformer/training/preempt.py)
+            return  # a status says it (0, PREEMPTED: transformer/training/preempt.py)
         kind, message = "error", str(error.code).removeprefix("error: ")  # sys.exit("error: ...")
     else:
         kind, message = type_name(error), str(error)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# the experiment a flow runs the stages for (flows/pipeline.py sets it): the train stage records
+# it in its checkpoints, and a run that goes on from another's says from which (`origin`)
+RUN_ENV = "TRANSFORMER_RUN"
+
 # record field -> its key path in data/metrics/evaluate.json ("/" nests; "lineage" is the
 # model's provenance)
 KEYS = {

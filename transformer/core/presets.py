@@ -36,6 +36,7 @@ from transformer.core.settings import (
 )
 
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
+DEMO = "demo"  # the offline demo's preset: the flows' recipe where none is named
 
 SECTIONS: dict[str, type] = {
     "download": DownloadConfig,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -343,3 +344,12 @@ def collate(
         tgt_in[i, 1 : len(t)] = t[:-1]
         tgt_out[i, : len(t)] = t
     return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out))
+
+
+def batch_stream(
+    dataset: PairDataset, sampler: BatchSampler
+) -> Iterator[tuple[dict[str, int], Any]]:
+    """(sampler position after this batch, collated batch) forever, epoch after epoch."""
+    while True:  # the sampler continues from its position and rolls over into the next epoch
+        for idx in sampler:
+            yield sampler.state_dict(), collate([dataset[j] for j in idx], sampler.shape)

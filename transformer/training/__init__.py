@@ -1,5 +1,6 @@
-"""One training run's parts, each a small object the train stage's loop hands work to: the
-update (learner, graphs), when to log, validate, save and stop (clock), exact resume, rewind
+"""One training run's parts: the loop (its state between updates and the work of each of its
+steps, which the train stage's train() calls in order), and the small objects it hands work to:
+the update (learner, graphs), when to log, validate, save and stop (clock), exact resume, rewind
 after divergence, preemption, checkpoint selection, the EMA, validation, the progress report,
 and a continued retrain's start (continuation).
 

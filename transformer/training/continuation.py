@@ -97,3 +97,24 @@ def load_parent(parent_dir: Path, tokenizer_sha: str) -> tuple[dict[str, Any], P
             f"is {tokenizer_sha[:12]} (a continued run keeps the parent's tokenizer)"
         )
     return ckpt, model
+
+
+def start_from_parent(
+    model, parent_dir: Path, tokenizer_sha: str, continued: Continuation | None, d_model: int
+) -> None:
+    """A fresh continuation's start: the parent package's weights into `model`, saying so."""
+    from transformer.core import dist
+    from transformer.model import checkpoint
+
+    init, init_path = load_parent(parent_dir, tokenizer_sha)
+    checkpoint.load_weights(model, init, init_path)
+    dist.print0(
+        f"continuing from {init_path} (trained {init['step']} steps, "
+        f"{continued.updates if continued else init['step']} with its ancestors')"
+        + (
+            f": its last rate {continued.last_rate(d_model):.3g} x "
+            f"{continued.lr_factor}, reached over {continued.rewarmup_steps} updates"
+            if continued
+            else ""
+        )
+    )

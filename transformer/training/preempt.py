@@ -24,8 +24,8 @@ from typing import TypeVar
 import torch
 
 from transformer.core import dist
+from transformer.core.failure import PREEMPTED
 
-PREEMPTED = 75  # EX_TEMPFAIL: "preempted, resume me" (the flows retry it with --resume)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # the notice; SIGINT stays Ctrl-C (exit 130)
 LAUNCHER = "TRANSFORMER_LAUNCHER_PID"  # set by launch.py for its ranks: where to pass it on
 PASS_ON = signal.SIGUSR2  # a rank's notice, to the launcher
