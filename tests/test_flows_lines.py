@@ -84,10 +84,13 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
         assert r.returncode == 0, r.stdout + r.stderr
     (pipeline_exp,) = re.findall(r"through the gate: python -m flows\.promote (\S+)\)", r.stdout)
     (first,) = registry.decision_tags(toy, "de-en")
-    assert first["candidate"]["overrides"] == [
+    assert first["candidate"]["overrides"] == [  # the line's, its gate's, the run's, the pins
         "train.max_steps=500",
+        "download.src_lang=de",
+        "download.tgt_lang=en",
         "retrain.margin=0.5",
         "train.seed=7",
+        "helpers.backward=en-de",
     ]
     assert first["gate"]["rules"]["margin"] == 0.5
     mine = tags(toy, "en-de*", "de-en*", "decision")
@@ -146,7 +149,7 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
     )
     r = python(["-m", "flows.promote", "worse"], toy, env)
     assert r.returncode == 1 and "belongs to no line: it was run by hand" in r.stderr, r.stderr
-    assert "en-de (preset demo); de-en (preset demo, overrides train.max_steps=500)" in r.stderr
+    assert "en-de (preset demo); de-en (preset demo, overrides train.max_steps=500, " in r.stderr
     assert "name one with --line NAME" in r.stderr
     r = python(["-m", "flows.promote", "worse", "--line", "de-en"], toy, env)
     assert r.returncode == 3, r.stdout + r.stderr
