@@ -149,7 +149,7 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
     )
     r = python(["-m", "flows.promote", "worse"], toy, env)
     assert r.returncode == 1 and "belongs to no line: it was run by hand" in r.stderr, r.stderr
-    assert "en-de (preset demo); de-en (preset demo, overrides train.max_steps=500, " in r.stderr
+    assert "en-de (preset demo); de-en (preset demo, overrides train.max_steps=500" in r.stderr
     assert "name one with --line NAME" in r.stderr
     r = python(["-m", "flows.promote", "worse", "--line", "de-en"], toy, env)
     assert r.returncode == 3, r.stdout + r.stderr
