@@ -123,7 +123,7 @@ def finish(proc: subprocess.Popen, began: float) -> dict:
     return {
         "seconds": round(time.monotonic() - began, 1),
         "exit": proc.returncode,
-        "waited_for_slot": "waiting for" in out and "slot" in out,
+        "waited_for_slot": "waiting for the cores" in out,
         "last_line": out.strip().splitlines()[-1] if out.strip() else "",
     }
 
