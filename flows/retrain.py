@@ -102,7 +102,9 @@ def probe(ws: Path, dag: dict[str, Stage], parent: Path) -> dict[str, Any]:
     """The fit of the parent package's tokenizer to the new train data (vocab.Subwords.fit), by
     the workspace's own code: where the kept tokenizer first meets the new data."""
     dl = read_section(ws, "download")
-    (raw,) = [o for o in dag[lineage.DOWNLOAD].outs if o not in dag[lineage.DOWNLOAD].metrics]
+    outs = [o for o in dag[lineage.DOWNLOAD].outs if o not in dag[lineage.DOWNLOAD].metrics]
+    # the folder that holds the train pairs (download also writes the monolingual part)
+    raw = next((o for o in outs if (ws / o / f"train.{dl['src_lang']}").exists()), outs[0])
     files = [f"{raw}/train.{dl[k]}" for k in ("src_lang", "tgt_lang")]
     cmd = [sys.executable, "-m", "transformer.data.vocab", "fit", str(parent / TOKENIZER), *files]
     return json.loads(run(cmd, ws, "the champion's tokenizer on the new data")[-1])

@@ -168,7 +168,7 @@ def test_two_lines_served_at_once_gated_apart_and_fetched_from_the_team_remote(
 
     # issue 81: each line's first run had no champion of the other to use, and its lineage says
     # so; en-de's next retrain pins de-en's champion, a changed recipe: it trains, using it
-    first_run = sh("git", "rev-list", "-n1", "en-de@v1.0.0", cwd=toy)
+    first_run = sh("git", "rev-list", "-n1", "en-de@v1.0.0", cwd=toy).strip()
     record = ["-c", f"from flows import registry; print(registry.record_at('.', '{first_run}'))"]
     assert (
         "'helpers': 'backward de-en: none (de-en had no champion yet"

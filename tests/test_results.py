@@ -98,6 +98,7 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
         "time",
         "decision",
         "trained",
+        "helpers",
     ]
     assert lines[1].split()[:9] == [
         "*",
