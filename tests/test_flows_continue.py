@@ -144,8 +144,10 @@ def test_continue_falls_back_when_the_new_data_is_new_to_the_tokenizer(
     # for the fallback
     ran = stage_runs(state.state_details.flow_run_id)
     assert ran == dict.fromkeys(read_dag(ws), 1), ran
-    # (but helpers: no other line's champion is used, its folder as it was)
-    assert out["stages"] == {**dict.fromkeys(read_dag(ws), "ran"), "helpers": "skipped"}
+    # (but helpers: no other line's champion is used, its folder as it was; backtranslate: no
+    # monolingual text, and none changed)
+    skipped = {"helpers": "skipped", "backtranslate": "skipped"}
+    assert out["stages"] == {**dict.fromkeys(read_dag(ws), "ran"), **skipped}
     assert "more than retrain.max_oov_rate 40.00%" in out["reason"]
     assert out["parent"] is None and (ws / "data/parent/NONE").is_file()
     assert (ws / "data/tokenizer/tokenizer.json").read_bytes() != kept  # a new tokenizer

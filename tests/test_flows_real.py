@@ -121,7 +121,7 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
     assert len(logged) <= LOG_LINES  # progress bars reach the log at a bounded rate
     # no blank lines; the stages' indented metrics JSON arrives as one line each
     assert not [m for m in logged if m.strip() in ("", "{", "}")]
-    assert any(m.startswith('{"train": {"pairs_in"') for m in logged)
+    assert any(m.startswith("{") and '"pairs_in"' in m for m in logged)
     # the experiment commit holds the metrics, never the (uncached) checkpoints
     exp_commit = record["experiment_commit"]
     committed = sh("git", "ls-tree", "-r", "--name-only", exp_commit, cwd=project).split()

@@ -124,8 +124,8 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
     ]
     assert "does not beat champion 90.00" in lines[2] and len(lines) == 3
     # the update path each run's train stage used (its trained_on record), shapes that fell back
-    assert lines[1].rstrip().endswith("captured update")
-    assert lines[2].rstrip().endswith("captured update, 1 shape(s) fell back to eager")
+    assert "captured update" in lines[1]  # (the helpers column after it)
+    assert "captured update, 1 shape(s) fell back to eager" in lines[2]
     # git alone tells the decisions: annotated tags on the experiments' commits, each naming
     # its candidate on its first line
     tags = sh("git", "tag", "-n1", "--list", "decision/*", cwd=demo).splitlines()
