@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -95,8 +96,15 @@ def server(workdir: Path) -> tuple[subprocess.Popen, dict]:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    wait_for(lambda: "Application startup complete" in (home / "server.log").read_text(), 300)
+    wait_for(lambda: healthy(env["PREFECT_API_URL"]), 300)
     return proc, env
+
+
+def healthy(url: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+    except OSError:
+        return False
 
 
 def wait_for(check, timeout: float) -> None:
