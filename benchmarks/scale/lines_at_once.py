@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -150,9 +151,16 @@ def measure(workdir: Path, mode: str, steps: int | None) -> dict:
     try:
         wait_for(lambda: "polling" in (workdir / f"{mode}-serve.log").read_text(), 600)
         before, began, runs = load(), time.monotonic(), {}
-        if mode == "together":
+        if mode == "together":  # each followed in its own thread: its own end time
             procs = {n: start(project, env, n) for n in LINES}
-            runs = {n: finish(p, began) for n, p in procs.items()}
+            threads = [
+                threading.Thread(target=lambda n=n, p=p: runs.__setitem__(n, finish(p, began)))
+                for n, p in procs.items()
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         else:
             for n in LINES:
                 t = time.monotonic()
