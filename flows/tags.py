@@ -92,10 +92,6 @@ def local_refs(project: Path) -> dict[str, tuple[str, str]]:
     return _refs(_git(project, "show-ref", "--tags", "-d").stdout)
 
 
-def remote_tags(project: Path) -> set[str]:
-    return set(remote_refs(project))
-
-
 def sync(project: Path, name: str) -> list[str]:
     """Bring origin's tags of line `name` here; the tags this clone has that origin lacks (its
     pending ones, pushed with the next decision). Conflict where a tag differs."""
