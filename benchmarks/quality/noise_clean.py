@@ -134,15 +134,15 @@ def load_avg() -> float:
     return os.getloadavg()[0]
 
 
-def train(work: Path, run: str, overrides: dict[str, object]) -> dict:
+def train(
+    work: Path, run: str, overrides: dict[str, object], preset: str = "multi30k-en-de"
+) -> dict:
     """Clone, write the preset with the overrides, `dvc repro`; the run's record."""
     proj = work / run
     py = sys.executable
     if not proj.exists():
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(proj)], check=True)
-    subprocess.run(
-        [py, "-m", "transformer.config", "preset", "multi30k-en-de"], cwd=proj, check=True
-    )
+    subprocess.run([py, "-m", "transformer.config", "preset", preset], cwd=proj, check=True)
     params = yaml.safe_load((proj / "params.yaml").read_text())
     params = merge(params, overrides_to_tree(overrides))
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -11,7 +11,8 @@ pairs alone). Then, one after the other, each in a fresh clone of this checkout'
 `dvc repro` as `make multi30k` runs it:
 
 - helper-de-en: German->English on the noisy corpus after the rule filters (a user has nothing
-  cleaner), `--helper-minutes`; the `filtered` run is the English->German helper;
+  cleaner), `--helper-minutes`; the `filtered` run is the English->German helper, trained for
+  `--helper-minutes` too (delete WORKDIR/filtered to redo it at another budget);
 - scored-backward: `filtered` plus the score stage with helper-de-en alone (backward);
 - scored: `filtered` plus the score stage with both helpers: dual conditional cross-entropy.
 
@@ -149,7 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("workdir", type=Path)
     ap.add_argument("--rate", type=float, default=0.2, help="share of train pairs made noise")
     ap.add_argument("--minutes", type=float, default=20, help="each run's training time budget")
-    ap.add_argument("--helper-minutes", type=float, default=20, help="helper-de-en's budget")
+    ap.add_argument(
+        "--helper-minutes",
+        type=float,
+        default=20,
+        help="the helpers' budget (filtered, helper-de-en)",
+    )
     ap.add_argument("--drop-fraction", type=float, default=0.05, help="score.drop_fraction")
     ap.add_argument("--seed", type=int, default=1, help="train.seed (and the noise's draw)")
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
@@ -166,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.runs:
         if run in records and nc.outputs(work / run)["evaluate"].exists():
             continue
-        minutes = args.helper_minutes if run == "helper-de-en" else args.minutes
+        # the two helpers (filtered is the English -> German one) at the helpers' budget
+        minutes = args.helper_minutes if run in HELPER_OF.values() else args.minutes
         if run.startswith("scored"):
             with_helpers(work, run)
         print(f"{run}: training ({minutes} min) in {work / run}", flush=True)
