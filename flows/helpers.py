@@ -53,11 +53,16 @@ def pins(root: Path, line: lines.Line) -> Pinned:
         commit = registry.champion_commit(root, use.line)
         version = registry.version_of(root, commit, use.line) if commit else None
         if version is None and use.required:
+            instead = (
+                f"{line.name} is its student and has no data without it"
+                if roles.ROLES[use.role].required
+                else "or set required: false to train without it"
+            )
             raise HelperError(
-                f"{root / 'dvc.yaml'}: artifacts.{line.name}.meta.uses.{use.role}: {use.line} "
-                f"has no champion yet and the {use.role} model is required: retrain it first "
-                f"(python -m flows.run retrain/{use.line} --wait), or set required: false to "
-                "train without it"
+                f"{root / 'dvc.yaml'}: artifacts.{line.name}.meta.uses.{use.role}: the "
+                f"{use.role} line {use.line} has no champion yet and the {use.role} model is "
+                f"required: retrain it first (python -m flows.run retrain/{use.line} --wait); "
+                + instead
             )
         overrides.append(f"helpers.{use.role}={roles.pin(use.line, version)}")
         if version is None:

@@ -19,9 +19,12 @@ before anything runs: a bad one is a LineError naming dvc.yaml, the line and the
 
 `uses` names, per role (ROLES in transformer/core/sections/helpers.py), the line whose champion
 a run of this one uses: `backward` translates the other way (the reverse line: scoring the
-corpus), `forward` the same way. Each run pins the used line's champion as it is when the run
-starts (flows/helpers.py); a line with no champion yet is trained without, unless `required:
-true`. A line that uses itself, or one of another language pair or direction, is a LineError.
+corpus), `forward` the same way, `teacher` the same way too: the line is a distilled student
+(issue 82), trained on its teacher's translations and gated on its speed and gap against it
+(`uses: {teacher: {line: en-de}}`). Each run pins the used line's champion as it is when the
+run starts (flows/helpers.py); a line with no champion yet is trained without, unless
+`required: true` (always, for a teacher: a HelperError naming the teacher line). A line that
+uses itself, or one of another language pair or direction, is a LineError.
 Torch-free; the recipe is checked by transformer.core.presets, as `python -m transformer.config
 check` checks it. read(project, rev) reads the lines as a commit declares them (its dvc.yaml,
 params.yaml and presets/), which is what a run of that commit trains (flows/recipe.py).
@@ -258,9 +261,16 @@ def uses(value: Any, where: str) -> tuple[Use, ...]:
         spec = _keys(spec, USE_KEYS, f"{where}.{role}")
         if not isinstance(spec.get("line"), str) or not spec["line"]:
             raise LineError(f"{where}.{role}.line: missing (the name of the line it uses)")
-        if not isinstance(spec.get("required", False), bool):
+        must = roles.ROLES[role].required
+        required = spec.get("required", must)
+        if not isinstance(required, bool):
             raise LineError(f"{where}.{role}.required: true or false, got {spec['required']!r}")
-        out.append(Use(role, spec["line"], spec.get("required", False)))
+        if must and not required:
+            raise LineError(
+                f"{where}.{role}.required: a {role} is always required ({roles.ROLES[role].what}:"
+                " no run without it); leave the key out"
+            )
+        out.append(Use(role, spec["line"], required))
     return tuple(out)
 
 

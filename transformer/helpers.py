@@ -97,6 +97,12 @@ def prepare(helpers_dir: Path, cfg: HelpersConfig, langs: tuple[str, str]) -> di
     for role in roles.ROLES:
         pin = getattr(cfg, role)
         line, version = roles.parse_pin(pin)
+        if line and not version and roles.ROLES[role].required:
+            raise HelperError(
+                f"helpers.{role} names the {role} line {line} without a version: {line} has no "
+                f"champion yet, and a run with a {role} needs one (retrain {line} first, then "
+                f"pin it: helpers.{role}={line}@vX.Y.Z)"
+            )
         out[role] = (
             check(helpers_dir, role, pin, langs) if version else none(helpers_dir, role, line)
         )

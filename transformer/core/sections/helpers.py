@@ -28,13 +28,18 @@ NONE = "NONE"  # the only file of a role's folder when no champion is used in it
 class Role:
     reverse: bool  # the champion translates the other way (tgt -> src of the line using it)
     what: str  # what the stages use it for, in words
+    # no run without it: a declared line with no champion yet is an error naming that line (a
+    # student has no data without its teacher), and `required: false` cannot be declared
+    required: bool = False
 
 
-# A new role (issue 82's `teacher`: the same direction, for distillation) is one more entry;
-# the declaration's checks and the helpers stage follow this table.
+# A new role is one more entry; the declaration's checks and the helpers stage follow this table.
 ROLES = {
     "backward": Role(True, "scores the corpus (tgt -> src) and back-translates monolingual text"),
     "forward": Role(False, "scores the corpus (src -> tgt) with the backward model"),
+    # issue 82: a distilled student's teacher; its translations of the train sources are the
+    # student's targets (transformer/distill.py), its speed the student's yardstick (race.py)
+    "teacher": Role(False, "translates the train sources a student learns from (src -> tgt)", True),
 }
 
 
@@ -96,6 +101,7 @@ class HelpersConfig:
 
     backward: str = ""  # the reverse line's champion (tgt -> src): scoring, back-translation
     forward: str = ""  # another line's champion of this direction (src -> tgt): scoring
+    teacher: str = ""  # a student's teacher (src -> tgt): distillation (issue 82)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
