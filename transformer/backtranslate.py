@@ -7,54 +7,38 @@ that each line and its translation make a synthetic pair for the shard stage to 
 
 The search is backtranslate.search: the backward model's beam search, or one draw per line from
 its distribution (Edunov et al. 2018), seeded per chunk, so a resumed run draws what an
-uninterrupted one would. The text is translated chunk_lines lines at a time, and each finished
-chunk is written atomically to a folder under --chunks named by a hash of all the result depends
-on (the text, the model, its tokenizer, the settings). That folder is not a DVC output, since
-DVC deletes a stage's outputs before running it: a killed run resumes after its last whole
-chunk and never reuses chunks of other inputs. It is removed once the output is whole, and DVC
-caches the output, so a second `dvc repro` translates nothing. Without a backward model (a
-folder with no model.pt: the used line has no champion yet) or without monolingual text the
-output holds no pairs and the metrics say why.
+uninterrupted one would. The text is translated chunk_lines lines at a time, each finished chunk
+kept under --chunks (transformer/model/chunked.py, shared with the distill stage): a killed run
+resumes after its last whole chunk, and DVC caches the output, so a second `dvc repro`
+translates nothing. Without a backward model (a folder with no model.pt: the used line has no
+champion yet) or without monolingual text the output holds no pairs and the metrics say why.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import itertools
-import json
 import logging
-import shutil
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm import tqdm
 
 from transformer.core import allocator, failure, settings
-from transformer.core.files import (
-    atomic_dir,
-    atomic_write,
-    count_lines,
-    remove_partial_writes,
-    sha256_file,
-    write_json,
-)
+from transformer.core.files import atomic_dir, count_lines, sha256_file, write_json
 from transformer.core.layout import MODEL, TOKENIZER
 from transformer.core.sections.backtranslate import STAGE_KEYS, SYNTHETIC, BacktranslateConfig
 from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.download import MONO_FILE, DownloadConfig
 from transformer.core.settings import ConfigError
 from transformer.data.vocab import TokenizerError, read_meta, tokenizer_sha256
+from transformer.model import chunked
 
 if TYPE_CHECKING:
     from transformer.model.translator import Translator
 
 log = logging.getLogger("transformer.backtranslate")
-FORMAT = 1  # of the chunk folder: part of its name, so that another layout never resumes it
 NONE = "NONE"  # the file of a helper's folder that holds no model, saying why (the helpers stage)
 
 
@@ -62,26 +46,19 @@ class BacktranslateError(RuntimeError):
     """A missing or mismatched input (text, model, direction); the message names it."""
 
 
-def read_chunks(path: Path, size: int):
-    """The file's lines (without "\\n"), `size` at a time."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        while chunk := [line.removesuffix("\n") for line in itertools.islice(f, size)]:
-            yield chunk
-
-
 def fingerprint(
     mono: Path, backward: Path, cfg: BacktranslateConfig, langs: tuple[str, str], model_sha: str
 ) -> str:
     """A hash of everything the translations depend on: the chunk folder's name."""
-    inputs = {
-        "format": FORMAT,
-        "mono": sha256_file(mono),
-        "model": model_sha,
-        "tokenizer": tokenizer_sha256(backward / TOKENIZER),
-        "settings": {k: asdict(cfg)[k] for k in STAGE_KEYS},
-        "langs": list(langs),
-    }
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    return chunked.key(
+        {
+            "mono": sha256_file(mono),
+            "model": model_sha,
+            "tokenizer": tokenizer_sha256(backward / TOKENIZER),
+            "settings": {k: asdict(cfg)[k] for k in STAGE_KEYS},
+            "langs": list(langs),
+        }
+    )
 
 
 def check_direction(backward: Path, langs: tuple[str, str]) -> dict[str, Any]:
@@ -112,42 +89,14 @@ def translate_chunks(
 
     from transformer.model.beam import Sampling
 
-    remove_partial_writes(folder, "*")  # what a kill mid-write left
-    n_chunks = -(-n_lines // cfg.chunk_lines)
-    resumed = translated = lines_done = 0
-    bar = tqdm(total=n_lines, desc="backtranslate", unit=" lines", mininterval=1.0, disable=None)
-    seconds = 0.0
-    for i, lines in enumerate(read_chunks(mono, cfg.chunk_lines)):
-        path = folder / f"{i:06d}.{lang}"
-        if path.is_file() and count_lines(path) == len(lines):
-            resumed += 1
-            bar.update(len(lines))
-            continue
+    def one(i: int, parts: list[list[str]]) -> list[str]:
         sampling = None
         if cfg.search == "sample":
             gen = torch.Generator(device=tr.dec.device).manual_seed(chunk_seed(cfg.seed, i))
             sampling = Sampling(cfg.topk, gen)
-        t0 = time.perf_counter()
-        out = tr.translate(lines, sampling=sampling)
-        seconds += time.perf_counter() - t0
-        with atomic_write(path, "w", encoding="utf-8", newline="\n") as f:
-            # one line each, whatever bytes the model produced ("\n" is a byte-level unit too)
-            f.write("".join(" ".join(text.split()) + "\n" for text in out))
-        translated += 1
-        lines_done += len(lines)
-        bar.update(len(lines))
-        log.info("chunk %d/%d: %d lines translated", i + 1, n_chunks, len(lines))
-    bar.close()
-    done = resumed + translated
-    if resumed:
-        log.info("%d of %d chunks were already translated (resumed from %s)", resumed, done, folder)
-    return {
-        "chunks": done,
-        "chunks_resumed": resumed,
-        "chunks_translated": translated,
-        "seconds": round(seconds, 2),
-        "pairs_per_second": round(lines_done / seconds, 1) if seconds else None,
-    }
+        return tr.translate(parts[0], sampling=sampling)
+
+    return chunked.translate([mono], n_lines, folder, cfg.chunk_lines, lang, one, "backtranslate")
 
 
 def assemble(
@@ -161,9 +110,8 @@ def assemble(
             open(paths[0], "w", encoding="utf-8", newline="\n") as fs,
             open(paths[1], "w", encoding="utf-8", newline="\n") as ft,
         ):
-            for i, lines in enumerate(read_chunks(mono, cfg.chunk_lines)):
-                translations = (folder / f"{i:06d}.{langs[0]}").read_text(encoding="utf-8")
-                for src, tgt in zip(translations.split("\n"), lines):
+            for i, lines in enumerate(chunked.read_chunks(mono, cfg.chunk_lines)):
+                for src, tgt in zip(chunked.translations(folder, i, langs[0]), lines):
                     if not src.strip():
                         empty += 1
                         continue
@@ -207,17 +155,11 @@ def backtranslate(
         return {**record, "pairs": 0, "backward": None, "skipped": why}
     meta = check_direction(backward, langs)
     model_sha = sha256_file(backward / MODEL)
-    folder = Path(chunks) / fingerprint(mono, backward, cfg, langs, model_sha)
-    for stale in Path(chunks).glob("*") if Path(chunks).is_dir() else ():
-        if stale.is_dir() and stale != folder:  # chunks of other inputs: never resumed again
-            shutil.rmtree(stale)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = chunked.folder(chunks, fingerprint(mono, backward, cfg, langs, model_sha))
     tr = _translator(backward, cfg)
     stats = translate_chunks(tr, mono, n_lines, folder, cfg, langs[0])
     pairs = assemble(mono, folder, out_dir, cfg, langs)
-    shutil.rmtree(folder)
-    if not any(Path(chunks).iterdir()):
-        Path(chunks).rmdir()
+    chunked.finish(chunks, folder)
     backward_record = {
         "path": str(backward),
         "model_sha256": model_sha,

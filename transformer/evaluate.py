@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,7 +38,13 @@ from transformer.decode import add_decode_args, decode_config, write_lines
 from transformer.model.checkpoint import CheckpointError
 from transformer.model.checkpoint import load as load_checkpoint
 from transformer.model.scoring import MOSES_BLEU, TOK_BLEU, read_split, score
-from transformer.model.translator import DecodeError, Translator, load_translator, pick_device
+from transformer.model.translator import (
+    DecodeError,
+    Translator,
+    load_translator,
+    pick_device,
+    timed,
+)
 
 
 def lineage(model_path: Path, tokenizer_dir: Path, ensemble: Sequence[Path] = ()) -> dict:
@@ -89,9 +94,7 @@ def evaluate_split(
             f"{raw_dir}: {split}.{langs[0]} has {len(src)} lines, "
             f"{split}.{langs[1]} has {len(refs)}"
         )
-    t0 = time.perf_counter()
-    hyps = tr.translate(src, progress=progress)
-    seconds = time.perf_counter() - t0
+    hyps, seconds = timed(tr, src, progress)
     write_lines(out_dir / hyps_name, hyps)
     cfg = tr.cfg
     files = [Path(raw_dir) / f"{split}.{lang}" for lang in langs]

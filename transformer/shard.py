@@ -12,6 +12,11 @@ With --synthetic (the backtranslate stage's folder) the train split also holds b
 pairs: the first backtranslate.ratio x (train pairs) of them, each source led by the
 backtranslate.tag token (its id: the text of a line never becomes it) when one is set.
 
+With --distilled (the distill stage's folder) holding pairs (a student line: its teacher's
+translations of the train sources), the train split is those pairs instead of the references,
+and the original pairs as well when distill.mix_originals says so. A folder without pairs (a
+line without a teacher) changes nothing.
+
 With `shard.bpe_dropout` > 0 the train split is encoded `shard.train_copies` times with
 BPE-dropout, all copies in one split, so an epoch of the sampler is that many passes over the
 corpus. `tokenizers` draws the skipped merges from an unseeded generator: such a train split
@@ -28,7 +33,6 @@ import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,69 +40,20 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer.core import failure, settings
-from transformer.core.files import atomic_dir, count_lines, sha256_file, write_json
+from transformer.core.files import atomic_dir, sha256_file, write_json
 from transformer.core.ids import EOS_ID, UNK_ID
-from transformer.core.sections.backtranslate import SYNTHETIC, BacktranslateConfig
+from transformer.core.sections.backtranslate import BacktranslateConfig
+from transformer.core.sections.distill import DistillConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.shard import ShardConfig
 from transformer.core.settings import ConfigError
+from transformer.data import pairs
 from transformer.data.batches import FORMAT, INDEX, DataError, shard_name
 from transformer.data.vocab import Subwords, TokenizerError, load_tokenizer, tokenizer_sha256
 
 SPLITS = ("train", "valid", "test")
 N_BUCKETS = 32  # source-length buckets of pass 1; each one is three temporary files
 GATHER = 1 << 16  # pairs per read / gather step of pass 2: bounds its scratch memory
-
-
-def _chunks(src: Path, tgt: Path, size: int):
-    """Line-aligned chunks ([src lines], [tgt lines]); a length mismatch is an error."""
-    with (
-        open(src, encoding="utf-8", newline="\n") as fs,
-        open(tgt, encoding="utf-8", newline="\n") as ft,
-    ):
-        line = 0
-        while True:
-            a, b = _read(fs, src, line, size), _read(ft, tgt, line, size)
-            if len(a) != len(b):
-                short, n = (src, len(a)) if len(a) < len(b) else (tgt, len(b))
-                raise DataError(
-                    f"{short}: ends at line {line + n}, but its other side goes on "
-                    f"({src.name} and {tgt.name} must be line-aligned)"
-                )
-            if not a:
-                return
-            line += len(a)
-            yield a, b
-
-
-@dataclass(frozen=True)
-class Extra:
-    """More pairs for a split: the first `n` lines of the files src and tgt, each source led by
-    the ids `prefix` (a back-translation tag)."""
-
-    src: Path
-    tgt: Path
-    n: int
-    prefix: tuple[int, ...] = ()
-
-    def chunks(self, size: int):
-        """Its (src lines, tgt lines, prefix) chunks."""
-        left, chunks = self.n, _chunks(self.src, self.tgt, size)
-        try:
-            for a, b in chunks:
-                if left <= 0:
-                    return
-                yield a[:left], b[:left], self.prefix
-                left -= len(a)
-        finally:
-            chunks.close()  # its files, now rather than when collected
-
-
-def _read(f, path: Path, line: int, size: int) -> list[str]:
-    try:
-        return [x.rstrip("\n") for x in itertools.islice(f, size)]
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 after line {line} ({e.reason})") from None
 
 
 def _flat(ids: list[list[int]], dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -198,9 +153,9 @@ def shard_split(
     tok_sha: str,
     chunk: int = 20_000,
     copies: int = 1,
-    extra: Extra | None = None,
+    extras: tuple[pairs.Extra, ...] = (),
 ) -> dict[str, Any]:
-    """Encode one split (src, tgt line files, and the `extra` pairs), `copies` times, into
+    """Encode one split (src, tgt line files, and the `extras` pairs), `copies` times, into
     shards + index.json."""
     dtype = np.dtype(np.uint16 if tok.size <= 1 << 16 else np.uint32)
     if cfg.max_len > np.iinfo(dtype).max:
@@ -213,8 +168,8 @@ def shard_split(
         pending = None
         passes = (  # lazy: opened in turn
             itertools.chain(
-                ((a, b, ()) for a, b in _chunks(src, tgt, chunk)),
-                extra.chunks(chunk) if extra else (),
+                ((a, b, ()) for a, b in pairs.line_chunks(src, tgt, chunk)),
+                *(e.chunks(chunk) for e in extras),
             )
             for _ in range(copies)
         )
@@ -283,29 +238,37 @@ def shard(
     langs: tuple[str, str],
     synthetic: Path | None = None,
     bt: BacktranslateConfig | None = None,
+    distilled: Path | None = None,
+    dc: DistillConfig | None = None,
 ) -> dict[str, Any]:
     """The stage: every split of raw/ (train with the `synthetic` folder's back-translated
-    pairs, as `bt` says) into out_dir/{split}/; returns the metrics."""
+    pairs, as `bt` says, and instead of its own pairs the `distilled` folder's, as `dc` says)
+    into out_dir/{split}/; returns the metrics."""
     tok = load_tokenizer(tok_dir, expect={"src_lang": langs[0], "tgt_lang": langs[1]})
     sha = tokenizer_sha256(tok_dir)
     if not (Path(raw) / f"train.{langs[0]}").exists():
         raise DataError(f"{raw}/train.{langs[0]}: missing (run the download stage first)")
     metrics: dict[str, Any] = {}
-    extra = None
+    extras: list[pairs.Extra] = []
+    train = tuple(Path(raw) / f"train.{lang}" for lang in langs)
+    if distilled is not None:
+        train, more, metrics["distilled"] = pairs.distilled(raw, distilled, langs, dc)
+        extras += more
     if synthetic is not None:
-        extra, metrics["synthetic"] = _synthetic(raw, synthetic, tok, tok_dir, langs, bt)
+        extra, metrics["synthetic"] = pairs.synthetic(raw, synthetic, tok, tok_dir, langs, bt)
+        extras += [extra] if extra else []
     t0 = time.perf_counter()
     with atomic_dir(out_dir) as tmp:
         for split in SPLITS:
-            src, tgt = (Path(raw) / f"{split}.{lang}" for lang in langs)
+            src, tgt = train if split == "train" else (Path(raw) / f"{split}.{x}" for x in langs)
             if not (src.exists() or tgt.exists()):
                 continue
             use, copies = tok, 1
             if split == "train" and cfg.bpe_dropout:
                 use, copies = _with_dropout(tok, tok_dir, cfg.bpe_dropout), cfg.train_copies
-            more = extra if split == "train" else None
+            more = tuple(extras) if split == "train" else ()
             metrics[split] = shard_split(
-                use, src, tgt, tmp / split, cfg, sha, copies=copies, extra=more
+                use, src, tgt, tmp / split, cfg, sha, copies=copies, extras=more
             )
     seconds = time.perf_counter() - t0
     metrics["seconds"] = round(seconds, 2)
@@ -314,35 +277,6 @@ def shard(
     )
     metrics["vocabulary"] = tok.fit([Path(raw) / f"train.{lang}" for lang in langs])
     return metrics
-
-
-def _synthetic(
-    raw: Path,
-    folder: Path,
-    tok: Subwords,
-    tok_dir: Path,
-    langs: tuple[str, str],
-    bt: BacktranslateConfig | None,
-) -> tuple[Extra | None, dict[str, Any]]:
-    """The back-translated pairs the train split takes (the first ratio x train pairs of the
-    folder's), and their record for the metrics."""
-    bt = bt or BacktranslateConfig()
-    src, tgt = (Path(folder) / SYNTHETIC.format(lang=lang) for lang in langs)
-    if not src.is_file() or not tgt.is_file():
-        raise DataError(f"{src}: missing (run the backtranslate stage first)")
-    available, real = count_lines(src), count_lines(Path(raw) / f"train.{langs[0]}")
-    n = min(available, int(bt.ratio * real))
-    prefix: tuple[int, ...] = ()
-    if bt.tag and n:
-        tag_id = tok.special_id(bt.tag)
-        if tag_id is None:
-            raise DataError(
-                f"{tok_dir}: no {bt.tag!r} unit (backtranslate.tag): the tokenizer stage adds "
-                "it; run that stage again"
-            )
-        prefix = (tag_id,)
-    record = {"available": available, "pairs": n, "ratio": bt.ratio, "tag": bt.tag or None}
-    return (Extra(src, tgt, n, prefix) if n else None), record
 
 
 def _with_dropout(tok: Subwords, tok_dir: Path, p: float) -> Subwords:
@@ -368,14 +302,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--synthetic", type=Path, help="the backtranslate stage's folder: pairs mixed into train"
     )
+    parser.add_argument(
+        "--distilled", type=Path, help="the distill stage's folder: a student's train pairs"
+    )
     parser.add_argument("--params", type=Path, default=settings.PARAMS, help="params.yaml")
     args = parser.parse_args(argv)
     try:
         cfg = settings.load(ShardConfig, "shard", args.params)
         dl = settings.load(DownloadConfig, "download", args.params)
         bt = settings.load(BacktranslateConfig, "backtranslate", args.params)
+        dc = settings.load(DistillConfig, "distill", args.params)
         langs = (dl.src_lang, dl.tgt_lang)
-        metrics = shard(args.raw, args.tokenizer, args.out, cfg, langs, args.synthetic, bt)
+        metrics = shard(
+            args.raw, args.tokenizer, args.out, cfg, langs, args.synthetic, bt, args.distilled, dc
+        )
     except (DataError, TokenizerError, ConfigError, OSError, UnicodeDecodeError) as e:
         sys.exit(f"error: {e}")
     if args.metrics:

@@ -16,6 +16,7 @@ from transformer.core.files import atomic_write
 from transformer.core.sections.average import AverageConfig
 from transformer.core.sections.backtranslate import BacktranslateConfig
 from transformer.core.sections.decode import DecodeConfig
+from transformer.core.sections.distill import DistillConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.sections.evaluate import EvaluateConfig
 from transformer.core.sections.helpers import HelpersConfig
@@ -43,6 +44,7 @@ SECTIONS: dict[str, type] = {
     "helpers": HelpersConfig,  # the champions a run uses (a line's meta.uses), pinned
     "score": ScoreConfig,
     "backtranslate": BacktranslateConfig,
+    "distill": DistillConfig,  # a student's teacher translations (a line's meta.uses.teacher)
     "tokenizer": TokenizerConfig,
     "shard": ShardConfig,
     "model": ModelConfig,

@@ -25,6 +25,7 @@ SECTIONS = (
     "helpers",
     "score",
     "backtranslate",
+    "distill",
     "tokenizer",
     "shard",
     "model",

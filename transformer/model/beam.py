@@ -28,7 +28,6 @@ def length_penalty(length: int | Tensor, alpha: float):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@torch.inference_mode()
 def beam_search(
     dec: Decoder | Ensemble,
     src: Tensor,
@@ -44,6 +43,38 @@ def beam_search(
     `min_len` blocks EOS before that many tokens. `use_cache=False` recomputes the whole prefix
     at every step (the reference the cache is tested against).
     """
+    finished = _finished(dec, src, beam_size, alpha, max_len, min_len, use_cache)
+    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+
+
+def nbest_search(
+    dec: Decoder | Ensemble,
+    src: Tensor,
+    beam_size: int,
+    n: int,
+    alpha: float = 0.6,
+    max_len: Tensor | None = None,
+    min_len: int = 0,
+) -> list[list[list[int]]]:
+    """The n best finished hypotheses per source row (n <= beam_size), best first: the first is
+    beam_search's. Distillation keeps the one closest to the reference (mozilla's n-best)."""
+    finished = _finished(dec, src, beam_size, alpha, max_len, min_len, True)
+    # sorted() is stable: among equal scores the first found comes first, as max() picks it
+    return [[h for _, h in sorted(f, key=lambda x: -x[0])[:n]] for f in finished]
+
+
+@torch.inference_mode()
+def _finished(
+    dec: Decoder | Ensemble,
+    src: Tensor,
+    beam_size: int,
+    alpha: float,
+    max_len: Tensor | None,
+    min_len: int,
+    use_cache: bool,
+) -> list[list[tuple[float, list[int]]]]:
+    """Beam search (§6.1): per source row, the finished hypotheses as (score, ids), at least
+    beam_size of them unless out of length."""
     B, k = src.size(0), beam_size
     if max_len is None:
         max_len = src.ne(PAD_ID).sum(1) + 50
@@ -105,7 +136,7 @@ def beam_search(
         else:
             rows_on = origin.to(memory.device)
             memory, src_pad_mask = memory[rows_on], src_pad_mask[rows_on]
-    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+    return finished
 
 
 @dataclass(frozen=True)
@@ -230,6 +261,33 @@ def translate_ids(
     An empty source gives an empty output without touching the model.
     """
     out: list[list[int]] = [[] for _ in srcs]
+    for ids, src, cap in _batched(srcs, cfg, max_len, progress):
+        if sampling is None:
+            hyps = beam_search(dec, src, cfg.beam_size, cfg.length_penalty, cap, min_len)
+        else:
+            hyps = sample(dec, src, cap, sampling.topk, sampling.generator, min_len)
+        for i, h in zip(ids, hyps):
+            out[i] = h
+    return out
+
+
+def nbest_ids(
+    dec: Decoder | Ensemble, srcs: list[list[int]], cfg: DecodeConfig, n: int
+) -> list[list[list[int]]]:
+    """translate_ids' beam search keeping the n best hypotheses of each source, best first (an
+    empty source: one empty hypothesis)."""
+    out: list[list[list[int]]] = [[[]] for _ in srcs]
+    for ids, src, cap in _batched(srcs, cfg, None, False):
+        for i, h in zip(ids, nbest_search(dec, src, cfg.beam_size, n, cfg.length_penalty, cap)):
+            out[i] = h or [[]]
+    return out
+
+
+def _batched(
+    srcs: list[list[int]], cfg: DecodeConfig, max_len: int | None, progress: bool
+) -> Iterator[tuple[list[int], Tensor, Tensor]]:
+    """(indices into srcs, their padded batch (B, S), each one's output cap (B,)) per batch of
+    the non-empty sources, in length order."""
     todo = [i for i, s in enumerate(srcs) if len(s) > 1 or (s and s[0] != EOS_ID)]
     bar = tqdm(total=len(srcs), unit="sent", disable=not progress, file=sys.stderr)
     bar.update(len(srcs) - len(todo))
@@ -244,12 +302,6 @@ def translate_ids(
             cap = (lens * cfg.max_len_a).long() + cfg.max_len_b
         else:
             cap = torch.full_like(lens, max_len)
-        if sampling is None:
-            hyps = beam_search(dec, src, cfg.beam_size, cfg.length_penalty, cap, min_len)
-        else:
-            hyps = sample(dec, src, cap, sampling.topk, sampling.generator, min_len)
-        for i, h in zip(ids, hyps):
-            out[i] = h
+        yield ids, src, cap
         bar.update(len(ids))
     bar.close()
-    return out

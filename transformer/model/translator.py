@@ -5,6 +5,7 @@ training's validation BLEU all decode through it."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 from transformer.core.ids import EOS_ID
 from transformer.core.sections.decode import DecodeConfig
 from transformer.data.vocab import Subwords, load_tokenizer, tokenizer_sha256
-from transformer.model.beam import Sampling, translate_ids
+from transformer.model.beam import Sampling, nbest_ids, translate_ids
 from transformer.model.checkpoint import build_model
 from transformer.model.checkpoint import load as load_checkpoint
 from transformer.model.incremental import Decoder, Ensemble
@@ -69,6 +70,23 @@ class Translator:
         srcs = self.encode(lines, on_long)
         hyps = translate_ids(self.dec, srcs, self.cfg, progress=progress, sampling=sampling)
         return [text if h else "" for h, text in zip(hyps, self.tokenizer.decode(hyps))]
+
+    def translate_nbest(self, lines: list[str], n: int) -> list[list[str]]:
+        """The n best translations of each line by beam search (n <= beam size), best first."""
+        if n > self.cfg.beam_size:
+            raise DecodeError(f"an n-best list of {n} from a beam of {self.cfg.beam_size}")
+        lists = nbest_ids(self.dec, self.encode(lines), self.cfg, n)
+        flat = [h for hyps in lists for h in hyps]
+        texts = iter(text if h else "" for h, text in zip(flat, self.tokenizer.decode(flat)))
+        return [[next(texts) for _ in hyps] for hyps in lists]
+
+
+def timed(tr: Translator, lines: list[str], progress: bool = False) -> tuple[list[str], float]:
+    """(the translations of `lines`, the seconds they took): the decoding speed every report of
+    sentences per second measures (evaluate, race)."""
+    t0 = time.perf_counter()
+    out = tr.translate(lines, progress=progress)
+    return out, time.perf_counter() - t0
 
 
 def pick_device(name: str = "auto") -> torch.device:
