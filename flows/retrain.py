@@ -45,7 +45,7 @@ from flows.pipeline import prepare, run_experiment, run_stages, start_attempt
 from flows.promote import report, summary
 from flows.shell import apply_params, logger, read_section, run
 from transformer.core.layout import TOKENIZER
-from transformer.core.sections.model import WEIGHT_KEYS
+from transformer.core.sections.model import LATER, WEIGHT_KEYS
 from transformer.core.settings import parse_yaml
 
 IDENTITY = ("data_hash", "code_hash", "params_sha256")  # what a champion was made from
@@ -72,12 +72,17 @@ def identity(ws: Path, dag: dict[str, Stage]) -> dict[str, Any]:
 
 def unfit(champion_params: dict[str, Any], params: dict[str, Any]) -> list[str]:
     """The KEPT settings in which the recipe differs from the champion's, as "key a -> b"."""
+
+    def kept(p: dict[str, Any], section: str, k: str) -> Any:
+        v = p.get(section, {}).get(k)
+        # a model key added since the champion was made: it had the value that reproduces it
+        return LATER.get(k) if v is None and section == "model" else v
+
     return [
-        f"{section}.{k} {champion_params.get(section, {}).get(k)!r} -> "
-        f"{params.get(section, {}).get(k)!r}"
+        f"{section}.{k} {kept(champion_params, section, k)!r} -> {kept(params, section, k)!r}"
         for section, keys in KEPT.items()
         for k in keys
-        if champion_params.get(section, {}).get(k) != params.get(section, {}).get(k)
+        if kept(champion_params, section, k) != kept(params, section, k)
     ]
 
 

@@ -91,7 +91,7 @@ def marian_state(model: Transformer) -> dict[str, Tensor]:
     for side in ("encoder", "decoder"):
         out[f"model.{side}.embed_positions.weight"] = model.pe[:, p]
     for side, norms in NORMS.items():
-        for i in range(model.cfg.n_layers):
+        for i in range(len(getattr(model, side))):
             a, b = f"{side}.{i}.", f"model.{side}.layers.{i}."
             for j, norm in enumerate(norms, 1):
                 out[f"{b}{norm}.weight"] = sd[f"{a}res{j}.norm.weight"][p]
@@ -134,11 +134,11 @@ def marian_config(model: Transformer):
         decoder_vocab_size=V,
         d_model=c.d_model,
         encoder_layers=c.n_layers,
-        decoder_layers=c.n_layers,
+        decoder_layers=c.decoder_layers,
         encoder_attention_heads=c.n_heads,
         decoder_attention_heads=c.n_heads,
         encoder_ffn_dim=c.d_ff,
-        decoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.decoder_d_ff,
         activation_function="relu",
         dropout=c.dropout,
         attention_dropout=c.attention_dropout,

@@ -134,14 +134,18 @@ def model_card(
     lin = lineage.get("lineage") or next((r.get("lineage") for r in runs if "lineage" in r), {})
     parent = lineage.get("parent") or {}
     hours = float(trained.get("train_seconds", 0.0)) / 3600
+    n_dec = model.get("n_decoder_layers") or model.get("n_layers")
+    d_ff = f"d_ff {model.get('d_ff')}"
+    if model.get("d_ff_decoder") and model["d_ff_decoder"] != model.get("d_ff"):
+        d_ff += f" (decoder {model['d_ff_decoder']})"
     lines = [
         front_matter(params, manifest, runs),
         f"# Transformer {src}→{tgt}",
         "",
         (
             f'The Transformer of "Attention Is All You Need" (post-LN, d_model {model.get("d_model")}'
-            f", {model.get('n_layers')}+{model.get('n_layers')} layers, {model.get('n_heads')} heads,"
-            f" d_ff {model.get('d_ff')}, one shared {params.get('tokenizer', {}).get('type')} "
+            f", {model.get('n_layers')}+{n_dec} layers, {model.get('n_heads')} heads,"
+            f" {d_ff}, one shared {params.get('tokenizer', {}).get('type')} "
             f"vocabulary of {params.get('tokenizer', {}).get('vocab_size')} units), trained and "
             "packaged by this project's pipeline. How to serve it: docs/export.md."
         ),

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from transformer.core.files import atomic_write
-from transformer.core.sections.model import ARCH_KEYS, ModelConfig
+from transformer.core.sections.model import ARCH_KEYS, LATER, ModelConfig
 from transformer.core.settings import ConfigError
 from transformer.model.network import Transformer
 
@@ -128,6 +128,7 @@ def check_compatible(
 ) -> None:
     """CheckpointError naming the first differing architecture key of model_config (or vocab)."""
     stored, own = ckpt["model_config"], dataclasses.asdict(cfg)
+    stored = {**LATER, **stored}  # a checkpoint from before a key: the value it had then
     for k in ARCH_KEYS:
         v = own[k]
         if k not in stored:

@@ -126,9 +126,10 @@ class MultiHeadAttention(nn.Module):
 class FeedForward(nn.Module):
     """§3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, d_ff: int | None = None):
         super().__init__()
-        self.w1, self.w2 = nn.Linear(cfg.d_model, cfg.d_ff), nn.Linear(cfg.d_ff, cfg.d_model)
+        d_ff = d_ff or cfg.d_ff  # the decoder's may differ (model.d_ff_decoder)
+        self.w1, self.w2 = nn.Linear(cfg.d_model, d_ff), nn.Linear(d_ff, cfg.d_model)
         self.p_act = cfg.activation_dropout
         for lin in (self.w1, self.w2):
             nn.init.xavier_uniform_(lin.weight)
@@ -171,7 +172,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, cross=False)
         self.cross_attn = MultiHeadAttention(cfg, cross=True)
-        self.ff = FeedForward(cfg)
+        self.ff = FeedForward(cfg, cfg.decoder_d_ff)
         self.res1, self.res2, self.res3 = Residual(cfg), Residual(cfg), Residual(cfg)
 
     def forward(self, x: Tensor, self_attn, cross_attn) -> Tensor:
@@ -208,7 +209,7 @@ class Transformer(nn.Module):
             self.out_weight = nn.Parameter(torch.randn(vocab_size, D) * D**-0.5)
         self.register_buffer("pe", sinusoids(cfg.max_positions, D), persistent=False)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # pre-LN leaves the residual stream un-normalised: one final LayerNorm per stack
         self.enc_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
         self.dec_norm = nn.LayerNorm(D) if cfg.pre_ln else nn.Identity()
