@@ -65,6 +65,7 @@ def package(
     plots_dir: Path | None = None,
     helpers: Path | None = None,
     scoring: Path | None = None,
+    raced: Path | None = None,
 ) -> dict[str, Any]:
     """Write out_dir; return its lineage record (with `parent`, the parent stage's metrics:
     the version a continued run started from and its ancestors, where given). `manifest`: the
@@ -73,7 +74,8 @@ def package(
     next candidate against them). `plots_dir`: the train stage's dvclive plots, drawn into
     CURVES, which the card shows. `helpers`: the helpers stage's metrics (the other lines'
     champions the run used, into lineage.json); `scoring`: the score stage's (what scoring the
-    corpus dropped, into lineage.json and the card)."""
+    corpus dropped, into lineage.json and the card); `raced`: the race stage's (a student's
+    speed and gap against its teacher, into lineage.json and the card)."""
     cfg = build(PackageConfig, params.get("package") or {}, "package", "params.yaml")
     ckpt = checkpoint.load(model, mmap=True)
     want, got = ckpt.get("tokenizer_sha256"), tokenizer_sha256(tokenizer_dir)
@@ -95,7 +97,12 @@ def package(
         )
     if ckpt.get(hardware.KEY):  # where and how it trained (the train stage's record)
         scores[hardware.KEY] = ckpt[hardware.KEY]
-    for key, path in (("parent", parent), ("helpers", helpers), ("score", scoring)):
+    for key, path in (
+        ("parent", parent),
+        ("helpers", helpers),
+        ("score", scoring),
+        ("race", raced),
+    ):
         if path is not None:
             scores[key] = _read_json(path)
     hyps = [Path(eval_dir) / h for h in scored_hyps(scores)] if eval_dir is not None else []
@@ -191,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
         "--score", type=Path, help="the score stage's metrics JSON (into lineage.json, the card)"
     )
     parser.add_argument(
+        "--race", type=Path, help="the race stage's metrics JSON (into lineage.json, the card)"
+    )
+    parser.add_argument(
         "--eval", type=Path, help="the evaluate stage's folder (its hypotheses into eval/)"
     )
     parser.add_argument(
@@ -213,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             args.plots,
             args.helpers,
             args.score,
+            args.race,
         )
     except (PackageError, CheckpointError, ConfigError, OSError) as e:
         sys.exit(f"error: {e}")

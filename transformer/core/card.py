@@ -161,6 +161,7 @@ def model_card(
             for r in runs
         ),
         "",
+        *_distilled(lineage.get("race")),
         *_curves(curves),
         "## Data",
         "",
@@ -204,6 +205,41 @@ def model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _distilled(raced: dict[str, Any] | None) -> list[str]:
+    """A student's section: its teacher and version, the BLEU gap and the speed-up as the race
+    stage measured them (the same machine and run, one thread, each as it is served)."""
+    if not raced or not raced.get("teacher"):
+        return []
+    t, s = raced["teacher"], raced["student"]
+
+    def how(x: dict[str, Any]) -> str:
+        search = "greedy" if x.get("beam_size") == 1 else f"beam {x.get('beam_size')}"
+        return f"{search}, {x.get('precision')}"
+
+    return [
+        "## Distilled from its teacher",
+        "",
+        (
+            f"A student (sequence-level knowledge distillation, Kim & Rush 2016): trained on the "
+            f"translations of its train sources by its teacher, line `{t.get('line')}` version "
+            f"`{t.get('version')}` (model sha256 `{t.get('model_sha256')}`)."
+        ),
+        "",
+        "| model | search | BLEU | sentences/s (1 thread) |",
+        "| --- | --- | --- | --- |",
+        f"| student | {how(s)} | {s.get('bleu')} | {s.get('sentences_per_second')} |",
+        f"| teacher | {how(t)} | {t.get('bleu')} | {t.get('sentences_per_second')} |",
+        "",
+        (
+            f"BLEU gap {raced.get('bleu_gap')} below the teacher, {raced.get('speedup')}x its "
+            f"speed: {raced.get('split')} ({raced.get('sentences')} sentences), both on this "
+            f"machine in the same run, {raced.get('threads')} thread, fastest of "
+            f"{raced.get('rounds')} rounds each."
+        ),
+        "",
+    ]
 
 
 def _curves(shown: bool) -> list[str]:
