@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows import lines, registry, significance, tags
+from flows import distilled, lines, registry, significance, tags
 from flows.lineage import Unreadable
 from flows.locks import registry_lock
 from flows.shell import logger
@@ -157,6 +157,9 @@ def _decide(project, commit, margin, by, trained, rules, line, made, shared=Fals
         promote, reason = False, "the candidate is the champion already"
     else:
         promote, reason = gate(candidate, before, margin, tester, rules)
+        if teacher := distilled.teacher_of(project, line):  # a student: its teacher's rules too
+            ok, why, tested["student"] = distilled.gate(project, candidate, rules, teacher)
+            promote, reason = promote and ok, f"{why}; against the line's champion: {reason}"
     out: dict[str, Any] = {
         "line": line,
         "promoted": promote,

@@ -80,7 +80,35 @@ def report(out: dict[str, Any], title: str) -> str:
         ("candidate", out.get("candidate") or {}),
     ]
     verdict = f"promoted as {out['version']}" if out["promoted"] else "champion kept"
-    return "\n".join([*head(out, title, verdict, rows), *gate_table(out.get("gate") or {})])
+    tested = out.get("gate") or {}
+    return "\n".join([*head(out, title, verdict, rows), *student(tested), *gate_table(tested)])
+
+
+def student(tested: dict[str, Any]) -> list[str]:
+    """A student's figures against its teacher (flows/distilled.py), where the line has one."""
+    s = tested.get("student")
+    if not s:
+        return []
+    return [
+        "",
+        (
+            f"Against its teacher {s['teacher']} ({s['split']}, paired bootstrap, "
+            f"{s['resamples']} resamples; the race stage's speeds, one thread, each as served):"
+        ),
+        "",
+        "| | BLEU | sentences/s | rule | failed |",
+        "|---|---|---|---|---|",
+        f"| student | {s['bleu']:.2f} | {s['sentences_per_second']} | | |",
+        f"| teacher | {s['teacher_bleu']:.2f} | {s['teacher_sentences_per_second']} | | |",
+        (
+            f"| gap | {s['gap']:.2f} (p {s['p']:.4f}) | | max_gap {s['max_gap']} | "
+            f"{'yes' if 'gap' in s['failed'] else 'no'} |"
+        ),
+        (
+            f"| speed-up | | {s['speedup']:.2f}x | min_speedup {s['min_speedup']} | "
+            f"{'yes' if 'speed' in s['failed'] else 'no'} |"
+        ),
+    ]
 
 
 GATE_HEADER = (

@@ -5,7 +5,8 @@ failed before they saved an experiment.
     python -m flows.results [PROJECT]            # or: make results; fits 120 columns
     python -m flows.results [PROJECT] --wide     # with the recipe, the parent, how it trained
                                                  # (the update path: eager, captured, compiled),
-                                                 # the other lines' champions it used
+                                                 # the other lines' champions it used, and a
+                                                 # student's BLEU gap and speed-up (its race)
     python -m flows.results [PROJECT] --line NAME  # one line's runs (flows/lines.py)
 
 A project of several lines gets one table per line, each marking its own champion: a run's line
@@ -29,21 +30,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from flows import lines, registry
+from flows import distilled, failed, lines, registry
 from flows.dag import Stage, read_dag
 from flows.lineage import EVALUATE, HELPERS, PARENT, TRAIN, Snapshot, flatten, used
 from transformer.core.metrics import KEYS
 
 PRESET = re.compile(r"^# Written by `python -m transformer\.config preset ([\w.-]+)`")
 COLUMNS = ("", "experiment", "version", "parent", "recipe", "BLEU", "steps", "time", "decision")
-WIDE = (*COLUMNS, "trained", "helpers")  # helpers: the other lines' champions it used
+WIDE = (*COLUMNS, "trained", "helpers", "student")  # the champions it used; gap and speed-up
 NARROW = ("", "experiment", "version", "BLEU", "steps", "time", "decision")
 NUMERIC = {"BLEU", "steps", "time"}
 WIDTH = 120  # the narrow table's: its decision column is cut to fit
@@ -178,6 +178,7 @@ def rows(project: Path, line: str | None = None, failed: bool = True) -> list[li
                 began,
                 update_used(trained),
                 used(metrics(entry, dag.get(HELPERS))),
+                distilled.said(metrics(entry, dag.get(distilled.RACE))),
             )
         )
     for commit, ds in decided.items():  # decisions on experiments this clone does not have
@@ -250,10 +251,22 @@ def update_used(trained: dict[str, Any]) -> str | None:
 
 
 def row(
-    champion, name, version, parent, rec, bleu, steps, secs, ds, began=None, how=None, use=None
+    champion,
+    name,
+    version,
+    parent,
+    rec,
+    bleu,
+    steps,
+    secs,
+    ds,
+    began=None,
+    how=None,
+    use=None,
+    race=None,
 ):
     """A table row, WIDE's columns, "-" where unknown; `how`: the update path used; `use`: the
-    other lines' champions the run used, with their versions."""
+    other lines' champions the run used, with their versions; `race`: a student's figures."""
     cells = [
         "*" if champion else "",
         name,
@@ -266,60 +279,17 @@ def row(
         "; ".join([*([began] if began else []), *(d["verdict"] for d in ds)]),
         "; ".join([*([how] if how else []), *(d["trained"] for d in ds if d.get("trained"))]),
         use,
+        race,
     ]
     return ["-" if c is None else str(c) for c in cells]
 
 
-def project_tags(project: Path) -> list[str]:
-    """The Prefect tags of this project's flow runs (serve.py tags its deployments with the
-    checkout's path): this checkout's, and its origin's where that is a local path (a clone)."""
-    from flows.serve import project_tag
-
-    paths = [Path(project).resolve()]
-    origin = Snapshot(project).git("config", "--get", "remote.origin.url").strip()
-    if origin and Path(origin).is_dir():
-        paths.append(Path(origin).resolve())
-    return [project_tag(p) for p in paths]
-
-
 def failed_runs(project: Path) -> list[list[str]]:
-    """A row per flow run of this project that ended Failed or Crashed (it saved no
-    experiment), from the Prefect server when one is configured; none without."""
-    if not os.environ.get("PREFECT_API_URL"):
-        return []
-    import httpx
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-        FlowRunFilterTags,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    out = []
-    try:
-        with get_client(sync_client=True) as client:
-            for tag in project_tags(project):
-                runs = client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(
-                        tags=FlowRunFilterTags(all_=[tag]),
-                        state=FlowRunFilterState(
-                            type=FlowRunFilterStateType(any_=[StateType.FAILED, StateType.CRASHED])
-                        ),
-                    ),
-                    sort=FlowRunSort.START_TIME_ASC,
-                )
-                for r in runs:
-                    why = (r.state.message or "no message").splitlines()[0]
-                    ds = [{"verdict": f"{r.state.name.lower()}: {why}"}]
-                    out.append(
-                        row(False, f"(run {r.name})", None, None, None, None, None, None, ds)
-                    )
-    except (httpx.HTTPError, OSError) as e:
-        print(f"warning: the Prefect server did not answer ({e}): no failed runs listed")
-    return out
+    """A row per flow run of this project that ended Failed or Crashed (flows/failed.py)."""
+    return [
+        row(False, name, None, None, None, None, None, None, [{"verdict": verdict}])
+        for name, verdict in failed.runs(project)
+    ]
 
 
 def table(found: list[list[str]], wide: bool = False, width: int = WIDTH) -> str:

@@ -38,7 +38,7 @@ from transformer.core.settings import parse_yaml
 @dataclass(frozen=True)
 class Rules:
     """The gate's settings (params.yaml retrain: margin, alpha, max_chrf_drop,
-    bootstrap_samples, bootstrap_seed, allow_margin_only), defaulting to the section's own
+    bootstrap_samples, bootstrap_seed, allow_margin_only, max_gap, min_speedup), defaulting to the section's own
     (RetrainFlowConfig)."""
 
     margin: float = RetrainFlowConfig.margin
@@ -47,6 +47,8 @@ class Rules:
     samples: int = RetrainFlowConfig.bootstrap_samples
     seed: int = RetrainFlowConfig.bootstrap_seed
     allow_margin_only: bool = RetrainFlowConfig.allow_margin_only
+    max_gap: float = RetrainFlowConfig.max_gap  # a student's (flows/distilled.py)
+    min_speedup: float = RetrainFlowConfig.min_speedup
 
     @classmethod
     def of(cls, retrain: dict[str, Any]) -> Rules:
@@ -58,6 +60,8 @@ class Rules:
             int(retrain["bootstrap_samples"]),
             int(retrain["bootstrap_seed"]),
             bool(retrain.get("allow_margin_only", False)),  # a project's code from before it
+            float(retrain.get("max_gap", RetrainFlowConfig.max_gap)),
+            float(retrain.get("min_speedup", RetrainFlowConfig.min_speedup)),
         )
 
 

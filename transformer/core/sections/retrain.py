@@ -55,6 +55,8 @@ class RetrainConfig:
         "bootstrap_seed",
         "allow_margin_only",
         "max_oov_rate",
+        "max_gap",
+        "min_speedup",
     )
 
     mode: str = "scratch"  # scratch | continue (from the champion; falls back to scratch)

@@ -33,6 +33,12 @@ class RetrainFlowConfig(RetrainConfig):
     # continue falls back to scratch when this share of the new train data's words (of 2+
     # bytes) is left to single bytes by the champion's tokenizer (vocab.Subwords.fit)
     max_oov_rate: float = 0.01
+    # a student line's (meta.uses.teacher; flows/distilled.py): its BLEU at most max_gap below
+    # its teacher's (paired bootstrap on the evaluate split), and at least min_speedup times the
+    # teacher's sentences per second (the race stage: same machine and run, one thread, each as
+    # served); both, besides beating its own line's champion
+    max_gap: float = 1.0
+    min_speedup: float = 3.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,3 +54,7 @@ class RetrainFlowConfig(RetrainConfig):
         at_least("retrain", self, 1, "bootstrap_samples", "bootstrap_seed")
         if not 0 <= self.max_oov_rate <= 1:
             raise ConfigError(f"retrain.max_oov_rate must be in [0, 1], got {self.max_oov_rate}")
+        if not 0 <= self.max_gap < float("inf"):
+            raise ConfigError(f"retrain.max_gap must be a number >= 0, got {self.max_gap}")
+        if not 0 < self.min_speedup < float("inf"):
+            raise ConfigError(f"retrain.min_speedup must be a number > 0, got {self.min_speedup}")
