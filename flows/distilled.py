@@ -76,8 +76,17 @@ def gate(
     if theirs is None or not mine or mine[0].hyps is None or refs is None:
         why = race.get("skipped") or "no race stage, hypotheses or references at its commit"
         return False, f"student of {teacher}: not raced against its teacher ({why})", {}
-    t = race["teacher"]
     test = significance.paired_bs(refs[0], theirs, mine[0].hyps, refs[1], rules.samples, rules.seed)
+    return judge(test, race, rules)
+
+
+def judge(
+    test: dict[str, Any], race: dict[str, Any], rules: significance.Rules
+) -> tuple[bool, str, dict[str, Any]]:
+    """(both rules pass?, why, the figures) of a student's paired test against its teacher
+    (significance.paired_bs, the teacher the baseline) and its race (the race stage's metrics);
+    a refusal names each rule failed."""
+    t = race["teacher"]
     gap, speedup = -test["bleu_delta"], float(race["speedup"])
     figures = {
         "teacher": f"{t.get('line')}@{t.get('version')}",
@@ -86,7 +95,7 @@ def gate(
         "teacher_bleu": test["champion_bleu"],
         "gap": round(gap, 4),
         "p": test["p"],
-        "bleu_ci": test["bleu_ci"],
+        "bleu_ci": test.get("bleu_ci"),
         "max_gap": rules.max_gap,
         "sentences_per_second": race["student"]["sentences_per_second"],
         "teacher_sentences_per_second": t["sentences_per_second"],

@@ -142,8 +142,32 @@ BAD = {
         "artifacts.a1.meta.uses.backward.line: no line 'nope' (declared: a1)",
     ),
     "unknown role": (
-        "  a1:\n    path: p\n    meta: {uses: {teacher: {line: a1}}}\n",
-        "artifacts.a1.meta.uses.teacher: unknown key (known: backward, forward)",
+        "  a1:\n    path: p\n    meta: {uses: {mentor: {line: a1}}}\n",
+        "artifacts.a1.meta.uses.mentor: unknown key (known: backward, forward, teacher)",
+    ),
+    # issue 82: a student's teacher translates the same way, and is never optional
+    "teacher of the other direction": (
+        (
+            "  st:\n    path: p\n    meta: {recipe: {preset: demo-student}, "
+            "uses: {teacher: {line: de-en}}}\n"
+            "  de-en:\n    path: p\n    meta: {recipe: {preset: demo-de-en}}\n"
+        ),
+        (
+            "artifacts.st.meta.uses.teacher.line: de-en translates de -> en; a teacher model of "
+            "st (en -> de) must translate en -> de"
+        ),
+    ),
+    "optional teacher": (
+        (
+            "  st:\n    path: p\n    meta: {recipe: {preset: demo-student}, "
+            "uses: {teacher: {line: en-de, required: false}}}\n"
+            "  en-de:\n    path: p\n    meta: {recipe: {preset: demo}}\n"
+        ),
+        "artifacts.st.meta.uses.teacher.required: a teacher is always required",
+    ),
+    "its own teacher": (
+        "  st:\n    path: p\n    meta: {recipe: {preset: demo-student}, uses: {teacher: {line: st}}}\n",
+        "artifacts.st.meta.uses.teacher.line: st uses itself",
     ),
     "use key": (
         "  a1:\n    path: p\n    meta: {uses: {backward: {line: a1, required: maybe}}}\n",
