@@ -317,3 +317,13 @@ def test_dvc_caches_the_teachers_translations(inputs, tmp_path):
     spec["distill"].update(mix_originals=True, rounds=5)
     (project / "params.yaml").write_text(yaml.safe_dump(spec))
     assert json.loads(sh(*DVC, "status", "--json", cwd=project)) == {}
+
+
+def test_the_helpers_stage_refuses_a_teacher_without_a_version(tmp_path):
+    from transformer import helpers
+    from transformer.core.sections.helpers import HelpersConfig
+
+    with pytest.raises(helpers.HelperError, match="the teacher line en-de without a version"):
+        helpers.prepare(tmp_path, HelpersConfig(teacher="en-de"), ("en", "de"))
+    out = helpers.prepare(tmp_path, HelpersConfig(), ("en", "de"))  # not a student: NONE
+    assert out["teacher"]["line"] is None and (tmp_path / "teacher" / "NONE").is_file()

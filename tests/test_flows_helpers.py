@@ -51,3 +51,38 @@ def test_a_run_pins_the_used_champion_now_or_trains_without_it(tmp_path: Path) -
     before, after = {"helpers": {"backward": "de-en"}}, {"helpers": {"backward": "de-en@v1.0.0"}}
     assert helpers.changed(before, after) == ["backward de-en -> de-en@v1.0.0"]
     assert helpers.changed(after, after) == []
+
+
+def test_a_student_whose_teacher_has_no_champion_is_an_error_naming_the_teacher(
+    tmp_path: Path,
+) -> None:
+    """issue 82: a teacher is always required (a student has no data without it)."""
+    (tmp_path / "dvc.yaml").write_text(
+        """stages: {}
+artifacts:
+  en-de:
+    path: data/package
+    type: model
+    meta: {recipe: {preset: demo}}
+  en-de-student:
+    path: data/package
+    type: model
+    meta: {recipe: {preset: demo-student}, uses: {teacher: {line: en-de}}}
+"""
+    )
+    git_init(tmp_path)
+    sh(*DVC, "init", "-q", cwd=tmp_path)
+    sh("git", "add", "-A", cwd=tmp_path)
+    sh("git", "commit", "-qm", "a teacher and its student", cwd=tmp_path)
+    student = lines.get(tmp_path, "en-de-student")
+    assert student.uses == (lines.Use("teacher", "en-de", True),)
+    with pytest.raises(helpers.HelperError) as e:
+        helpers.pins(tmp_path, student)
+    said = str(e.value)
+    assert said.startswith(f"{tmp_path / 'dvc.yaml'}: artifacts.en-de-student.meta.uses.teacher")
+    assert "the teacher line en-de has no champion yet" in said
+    assert "en-de-student is its student and has no data without it" in said
+    commit = sh("git", "rev-parse", "HEAD", cwd=tmp_path).strip()
+    gto.api.register(str(tmp_path), "en-de", commit, version="v1.0.0")
+    gto.api.assign(str(tmp_path), "en-de", "prod", version="v1.0.0")
+    assert helpers.pins(tmp_path, student).overrides == ("helpers.teacher=en-de@v1.0.0",)

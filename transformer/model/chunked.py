@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from transformer.core.files import atomic_write, count_lines, remove_partial_writes
 
-log = logging.getLogger("transformer.chunked")
+log = logging.getLogger("transformer.model.chunked")
 # of a chunk folder: part of its key, so that another layout is never resumed
 FORMAT = 1
 
