@@ -99,6 +99,7 @@ def test_every_experiment_whatever_head_with_the_champion_and_decisions(tmp_path
         "decision",
         "trained",
         "helpers",
+        "student",
     ]
     assert lines[1].split()[:9] == [
         "*",
