@@ -41,9 +41,12 @@ from flows.significance import paired_bs
 RUNS = ("helper-de-en-a", "a", "bt-beam", "bt-sample", "ab")
 PIN = "multi30k-de-en-a@v1.0.0"  # a label: the helper's package is copied, no registry
 M30K = nc.DATA / "multi30k"
+MONO_LINES = "14501-29000"  # B's German
 
 
-def params_for(run: str, minutes: float, seed: int) -> tuple[str, dict]:
+def params_for(
+    run: str, minutes: float, seed: int, mono_lines: str = MONO_LINES
+) -> tuple[str, dict]:
     """The run's preset and dotted overrides (absolute data paths: the clone does not sit beside
     ../shared)."""
     lines = "1-29000" if run == "ab" else "1-14500"
@@ -69,8 +72,9 @@ def params_for(run: str, minutes: float, seed: int) -> tuple[str, dict]:
     mono = {
         "path": str(M30K / "train.{lang}"),
         "name": "multi30k-train-b-de",
-        "lines": "14501-29000",
+        "lines": mono_lines,
     }
+    # the preset scores nothing (score.drop_fraction 0): A is the same pairs in every run
     flat.update({"download.monolingual": [mono], "helpers.backward": PIN})
     if run == "bt-sample":
         flat["backtranslate.search"] = "sample"
@@ -165,6 +169,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1, help="train.seed")
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     ap.add_argument("--resamples", type=int, default=1000, help="paired bootstrap resamples")
+    ap.add_argument(
+        "--mono-lines", default=MONO_LINES, help="the lines of B back-translated (a quick check)"
+    )
     args = ap.parse_args(argv)
     if not M30K.is_dir():
         raise SystemExit(f"error: {M30K} not found (../shared beside the checkout)")
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             with_helper(work, run)
         minutes = args.helper_minutes if run == "helper-de-en-a" else args.minutes
         print(f"{run}: training ({minutes} min) in {work / run}", flush=True)
-        preset, flat = params_for(run, minutes, args.seed)
+        preset, flat = params_for(run, minutes, args.seed, args.mono_lines)
         records[run] = nc.train(work, run, flat, preset)
         state.write_text(json.dumps(records, indent=1))
     records = {r: records[r] for r in RUNS if r in records}
