@@ -515,13 +515,15 @@ def run_logs(run: str) -> list[str]:
         return wait_until(f"the last log line of run {run}", stored, timeout=60)[0]
 
 
-def wait_until(what: str, check, timeout: float = 600.0):
-    """Poll `check()` until it returns something truthy; fail naming `what` (no timing asserted)."""
+def wait_until(what: str, check, timeout: float = 600.0, every: float = 0.2):
+    """Poll `check()` every `every` s until it returns something truthy; fail naming `what` (no
+    timing asserted). A read of the server costs it ~20 ms of CPU: a wait of a minute for a run
+    to end polls it once a second."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if found := check():
             return found
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"gave up waiting for {what}")
 
 

@@ -108,7 +108,7 @@ def two_lines(prefect_server: dict, tmp_path_factory: pytest.TempPathFactory) ->
             )
             outs[name] = Printed(runs[name])
         # the first train stage holds the cores (TOY_HOLD) until the other waits for them
-        waiter = wait_until("a train stage to wait for the cores", lambda: waiting(outs))
+        waiter = wait_until("a train stage to wait for the cores", lambda: waiting(outs), every=0.5)
         wait_until(
             f"{waiter}'s flows.run to say it waits",
             lambda: "stage train: AwaitingConcurrencySlot: waiting for the cores" in outs[waiter],
