@@ -1,5 +1,5 @@
 """The offline demo corpus: deterministic, disjoint, library-made targets, clean-proof. (The
-demo reversed, `demo-de-en`, through every stage: tests/test_flows_lines_continue.py's line b.)"""
+demo reversed, `demo-de-en`, through every stage: tests/test_flows_continue.py's line b.)"""
 
 import random
 import re
