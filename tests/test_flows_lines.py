@@ -65,7 +65,7 @@ class TwoLines:
     worker_log: str
     waiter: str  # the line whose train stage waited for the cores
     spans: dict[str, dict[str, float]]  # each line's train stage: its start and end
-    registry: dict[str, str]  # the lines' version and stage tags once both runs ended
+    tagged: dict[str, str]  # the lines' version and stage tags once both runs ended
     pipeline: subprocess.CompletedProcess  # the README's pipeline run, through the worker
 
 
@@ -181,7 +181,7 @@ def test_the_lines_run_on_a_process_work_pool_through_a_worker(two_lines: TwoLin
     assert first["end"] <= second["start"], spans
     waiter = lines.waiter
     assert spans[waiter] == second and "waiting for the cores" not in lines.outs[other(waiter)]
-    assert set(lines.registry) == {"en-de@v1.0.0", "en-de#prod#1", "de-en@v1.0.0", "de-en#prod#1"}
+    assert set(lines.tagged) == {"en-de@v1.0.0", "en-de#prod#1", "de-en@v1.0.0", "de-en#prod#1"}
     for name in ("en-de", "de-en"):  # each line in its own workspace, the worker's too
         assert (lines.toy / ".dvc/tmp/flows/lines" / name / "dvc.lock").exists()
 
