@@ -96,12 +96,18 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         serve.wait()
     # the run crashes saying what died, the automation reschedules it, and the next serve
     # process resumes it: Completed, no person
-    wait_until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
+    wait_until(
+        "the crashed run to be rescheduled",
+        lambda: state(run).name == "AwaitingRetry",
+        every=1.0,
+    )
     with client() as c:
         crashed = [s for s in c.read_flow_run_states(run) if s.is_crashed()]
     assert "the process serving this flow run" in crashed[-1].message
     with served(project, prefect_server):
-        wait_until("the resumed run to finish", lambda: state(run).type.value in TERMINAL)
+        wait_until(
+            "the resumed run to finish", lambda: state(run).type.value in TERMINAL, every=1.0
+        )
         printed = started + waiter.communicate(timeout=600)[0]
     assert state(run).is_completed(), state(run)
     assert waiter.returncode == 0, printed
@@ -195,7 +201,7 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         cancelled = run_id(r.stdout)
         wait_until("an update of the longer run past its resume point", updated_past_60)
         sh(str(BIN / "prefect"), "flow-run", "cancel", cancelled, cwd=project, env=prefect_server)
-        wait_until("the run to end", lambda: state(cancelled).type.value in TERMINAL)
+        wait_until("the run to end", lambda: state(cancelled).type.value in TERMINAL, every=1.0)
     assert state(cancelled).name == "Cancelled", state(cancelled)
     saved = checkpoint.list_checkpoints(ws / "data/checkpoints")
     cut = checkpoint.load(saved[-1])
