@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 from helpers.continuing import PRESET, Champion, write_corpus
-from helpers.lines import declare, tags
+from helpers.lines import TINY_MODEL, declare, tags
 from prefect_fixtures import DVC, sh
 
 from flows import lineage, registry, results
@@ -28,13 +28,7 @@ from flows.workspace import LINES, WORKSPACE
 GREEK = ["η", "γάτα", "κάθεται", "στο", "χαλί", "και", "κοιτάζει", "έξω", "σπίτι", "δρόμο"]
 # line b: the demo reversed, smaller and 40 updates (no HF export: no test reads it)
 DE_EN = [
-    "download.synthetic.train=300",
-    "download.synthetic.valid=20",
-    "download.synthetic.test=20",
-    "tokenizer.vocab_size=300",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_layers=1",
+    *TINY_MODEL,
     "train.max_steps=40",
     "train.save_every_steps=10",
     "train.valid_every_steps=20",

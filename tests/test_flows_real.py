@@ -16,6 +16,7 @@ import psutil
 import pytest
 from helpers.checkout import checkout
 from helpers.docs import walkthrough
+from helpers.lines import TINY_MODEL
 from prefect_fixtures import (
     BIN,
     artifact,
@@ -34,13 +35,7 @@ from flows.workspace import WORKSPACE
 from transformer.model import checkpoint
 
 TINY = [
-    "download.synthetic.train=300",
-    "download.synthetic.valid=20",
-    "download.synthetic.test=20",
-    "tokenizer.vocab_size=300",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_layers=1",
+    *TINY_MODEL,
     "train.max_steps=60",
     "train.save_every_steps=10",
     "train.valid_every_steps=30",
