@@ -124,8 +124,8 @@ def add_recipe_args(parser: argparse.ArgumentParser) -> None:
     """The retrain deployment's schedule and recipe (serve's and deploy's flags)."""
     parser.add_argument(
         "--cron",
-        default=os.environ.get("RETRAIN_CRON", RETRAIN_CRON),
-        help=f"the retrain schedule (default {RETRAIN_CRON!r})",
+        help=f"the retrain schedule of a project without lines (default $RETRAIN_CRON, else "
+        f"{RETRAIN_CRON!r}); a line's is its dvc.yaml meta.cron",
     )
     parser.add_argument(
         "--retrain-preset",
@@ -185,6 +185,15 @@ def recipe_args(
             "meta.recipe (preset, overrides) and commit it, or give one run its own with "
             "`python -m flows.run retrain/NAME -p overrides='[...]'`\n",
         )
+    if args.cron and found and all(x.declared for x in found):  # it would be ignored there
+        parser.exit(
+            2,
+            f"{prog}: error: --cron sets the schedule of a project whose artifact declares no "
+            f"line; {project.resolve() / 'dvc.yaml'} declares the lines "
+            f"{', '.join(x.name for x in found)}: put each line's schedule in its meta.cron "
+            "(and meta.timezone) and commit it\n",
+        )
+    args.cron = args.cron or os.environ.get("RETRAIN_CRON", RETRAIN_CRON)
     args.retrain_preset = args.retrain_preset or DEMO
     for override in args.retrain_override:
         try:

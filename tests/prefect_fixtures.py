@@ -6,6 +6,7 @@ are quick Python scripts with the real pipeline's stage names, file layout and m
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -238,9 +240,23 @@ def git_init(path: Path) -> None:
     sh("git", "config", "user.name", "test", cwd=path)
 
 
+_built: dict[str, Path] = {}  # this process's toy project, built once by make_toy
+
+
 def make_toy(path: Path) -> Path:
     """A git + DVC project: this checkout's flows/ and config, the toy stages, the demo preset.
-    Its upstream corpus is path/../corpus (TOY_CORPUS), outside the repository."""
+    Its upstream corpus is path/../corpus (TOY_CORPUS), outside the repository. Built once per
+    process and copied to `path` for each caller (`dvc init` and the preset's CLI cost seconds
+    of CPU each time; every caller gets a project of its own)."""
+    if "toy" not in _built:
+        home = Path(tempfile.mkdtemp(prefix="toy-template-"))
+        atexit.register(shutil.rmtree, home, True)
+        _built["toy"] = build_toy(home / "toy")
+    return copy_toy(_built["toy"], path)
+
+
+def build_toy(path: Path) -> Path:
+    """make_toy's project, built at `path` (its corpus at path/../corpus)."""
     path.mkdir(parents=True)
     shutil.copytree(ROOT / "flows", path / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "presets", path / "presets")
@@ -499,13 +515,15 @@ def run_logs(run: str) -> list[str]:
         return wait_until(f"the last log line of run {run}", stored, timeout=60)[0]
 
 
-def wait_until(what: str, check, timeout: float = 600.0):
-    """Poll `check()` until it returns something truthy; fail naming `what` (no timing asserted)."""
+def wait_until(what: str, check, timeout: float = 600.0, every: float = 0.2):
+    """Poll `check()` every `every` s until it returns something truthy; fail naming `what` (no
+    timing asserted). A read of the server costs it ~20 ms of CPU: a wait of a minute for a run
+    to end polls it once a second."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if found := check():
             return found
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"gave up waiting for {what}")
 
 

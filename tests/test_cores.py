@@ -1,6 +1,6 @@
 """A machine's train stages take turns (flows/cores.py), on a real Prefect server: the limit
 serve creates, a full limit that makes the next stage wait, and the slot of a crashed attempt
-freed by its retry. The turns of two lines' served runs: tests/test_flows_lines_pool.py."""
+freed by its retry. The turns of two lines' runs on a work pool: tests/test_flows_lines.py."""
 
 from __future__ import annotations
 

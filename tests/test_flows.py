@@ -160,7 +160,7 @@ def finished(run: str):
         read = flow_run(run)
         return read.state.type.value in TERMINAL and read
 
-    return wait_until(f"run {run} to finish", ended)
+    return wait_until(f"run {run} to finish", ended, every=1.0)
 
 
 def logs(run: str) -> str:

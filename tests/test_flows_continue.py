@@ -1,7 +1,10 @@
-"""Retraining that continues from the champion, on the real seven stages (plus `parent`) with a
-real Prefect server and real DVC: a continued candidate promoted after the data grew, its
-tokenizer and weights the champion's, its lineage naming its parent; and each fallback to
-scratch with its reason."""
+"""Retraining that continues from the champion, on the real stages with a real Prefect server
+and real DVC: a continued candidate promoted after the data grew, its tokenizer and weights the
+champion's (its own line's, not those of the line declared beside it), its lineage naming its
+parent; and each fallback to scratch with its reason.
+
+The line beside it, `b`, is the demo reversed, shortened (`demo-de-en`): its first run also
+shows that every stage runs the German -> English direction and that the package says so."""
 
 from __future__ import annotations
 
@@ -11,16 +14,43 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers.continuing import PRESET, Champion, write_corpus
+from helpers.lines import TINY_MODEL, declare, tags
 from prefect_fixtures import DVC, sh
 
 from flows import lineage, registry, results
 from flows.dag import locked_outs, read_dag
 from flows.pipeline import prepare
 from flows.retrain import Start, plan
-from flows.workspace import WORKSPACE
+from flows.workspace import LINES, WORKSPACE
 
 GREEK = ["η", "γάτα", "κάθεται", "στο", "χαλί", "και", "κοιτάζει", "έξω", "σπίτι", "δρόμο"]
+# line b: the demo reversed, smaller and 40 updates (no HF export: no test reads it)
+DE_EN = [
+    *TINY_MODEL,
+    "train.max_steps=40",
+    "train.save_every_steps=10",
+    "train.valid_every_steps=20",
+    "average.last_k=2",
+    "decode.beam_size=1",
+    "package.hf=false",
+]
+# the champion's artifact as it was (no meta: the recipe the retrain is given, the project's
+# own run workspace), and line b declared beside it
+BESIDE = yaml.safe_dump(
+    {
+        "artifacts": {
+            "transformer": {"path": "data/package", "type": "model"},
+            "b": {
+                "path": "data/package",
+                "type": "model",
+                "meta": {"recipe": {"preset": "demo-de-en", "overrides": DE_EN}, "schedule": None},
+            },
+        }
+    },
+    sort_keys=False,
+)
 
 
 def stage_runs(flow_run_id) -> dict[str, int]:
@@ -48,6 +78,25 @@ def md5s(hashes: str) -> list[str]:
     return [h.split("=", 1)[1] for h in hashes.split(",")]
 
 
+def german_to_english(ws: Path) -> None:
+    """The run in workspace `ws` went German -> English, every stage of it."""
+    data = ws / "data"
+    manifest = json.loads((data / "metrics/download.json").read_text())
+    assert (manifest["src_lang"], manifest["tgt_lang"]) == ("de", "en")
+    hyps = (data / "eval/hyps.test.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == len((data / "raw/test.en").read_text(encoding="utf-8").splitlines())
+    scores = json.loads((data / "metrics/evaluate.json").read_text())
+    assert scores["n_sentences"] == 20 and "bleu_tok_compound_split" not in scores  # German's
+    card = (data / "package/README.md").read_text(encoding="utf-8")
+    assert "de-en" in card and "en-de" not in card
+
+
+def package_hash(project: Path, commit: str) -> list[str]:
+    """DVC's hash of the package of the run saved in `commit`, as its own dvc.lock has it."""
+    lock = locked_outs(lineage.Snapshot(project, commit).text("dvc.lock"))
+    return md5s(lineage.outs_hash(lock, read_dag(project), "package"))
+
+
 @pytest.mark.slow
 def test_continue_promoted_then_each_fallback(
     prefect_server: dict, continuing_champion: Champion
@@ -66,47 +115,67 @@ def test_continue_promoted_then_each_fallback(
     assert first["promoted"] and first["version"] == "v1.0.0", first["reason"]
     assert (ws / "data/parent/NONE").is_file()
 
-    write_corpus(source, corpus, 400)  # the data grows
-    out = retrain(preset=PRESET, project=str(project))
+    # another line beside it, with a champion of its own (other weights, another direction)
+    declare(project, BESIDE)
+    b = retrain(line="b", project=str(project))
+    assert b["promoted"] and b["version"] == "v1.0.0", b["reason"]
+    assert b["line"] == "b" and b["parent"] is None, b
+    german_to_english(project / LINES / "b")
+    b1 = sha(project / LINES / "b/data/package/model.pt")
+    assert sha(v1 / "model.pt") != b1  # two champions, told apart by weights
+    b_tags = tags(project, "b@*", "b#*", "decision/b/*")
+
+    write_corpus(source, corpus, 400)  # the data grows (b is not retrained)
+    out = retrain(preset=PRESET, project=str(project), line="transformer")
     assert out["reason"].startswith("data_hash changed; trained continued from v1.0.0"), out
-    assert out["parent"] == "v1.0.0"
+    assert out["line"] == "transformer" and out["parent"] == "v1.0.0", out
+    assert out["champion_before"]["version"] == "v1.0.0", out["champion_before"]
     assert out["promoted"] and out["version"] == "v2.0.0", out["reason"]
     # better beyond noise on both sets (test_gate refuses a candidate equal up to noise)
     assert "better beyond noise [test: BLEU" in out["reason"], out["reason"]
     (test, valid) = out["gate"]["tests"]
     assert test["p"] < 0.05 and test["bleu_delta"] > 0 and valid["set"] == "valid", test
     assert test["bleu"] == out["candidate"]["bleu"]
-    # the champion's tokenizer, not a new one, and training from its weights
+    # its own line's champion (fetched into data/parent), not b's: the champion's tokenizer,
+    # not a new one, and training from its weights
+    assert sha(ws / "data/parent/model.pt") == sha(v1 / "model.pt")
     kept = (ws / "data/tokenizer/tokenizer.json").read_bytes()
     assert kept == (v1 / "tokenizer/tokenizer.json").read_bytes()
     ckpt = torch.load(max((ws / "data/checkpoints").glob("step_*.pt")), weights_only=True)
-    assert ckpt["parent_sha256"] == sha(v1 / "model.pt") and ckpt["step"] == 150
+    assert ckpt["parent_sha256"] == sha(v1 / "model.pt") != b1 and ckpt["step"] == 150
     shard = json.loads((ws / "data/metrics/shard.json").read_text())
     assert 0 < shard["vocabulary"]["oov_rate"] <= 0.4
-    # lineage: the registry's record names the parent; DVC's hash of data/parent is the hash of
-    # v1's package as v1's own dvc.lock recorded it; the package carries the chain
-    champion = registry.champion(project)
+    # lineage: the registry's record names the line and the parent; DVC's hash of data/parent
+    # is the hash of v1's package as v1's own dvc.lock recorded it (not b's); the package
+    # carries the chain
+    record = registry.record_at(project, out["candidate"]["experiment_commit"])
+    assert record["line"] == "transformer" and record["parent"] == "v1.0.0", record
+    champion = registry.champion(project, "transformer")
     assert champion["version"] == "v2.0.0" and champion["parent"] == "v1.0.0"
     assert champion["parent_chain"] == ["v1.0.0"]
     c1 = first["candidate"]["experiment_commit"]
-    v1_lock = locked_outs(lineage.Snapshot(project, c1).text("dvc.lock"))
-    v1_package = lineage.outs_hash(v1_lock, read_dag(project), "package")
-    assert md5s(champion["parent_hash"]) == md5s(v1_package)
+    v1_package = package_hash(project, c1)
+    assert (
+        md5s(champion["parent_hash"])
+        == v1_package
+        != package_hash(project, b["candidate"]["experiment_commit"])
+    )
     lineage_json = json.loads((ws / "data/package/lineage.json").read_text())
     assert lineage_json["parent"]["chain"] == ["v1.0.0"]
     assert lineage_json["parent"]["model_sha256"] == sha(v1 / "model.pt")
     status = sh(*DVC, "status", "--json", cwd=ws)
     assert json.loads(status) == {}  # dvc.lock describes the workspace: the parent included
     # make results shows the chain: v2.0.0's row names v1.0.0 as its parent
-    rows = {r[2]: r for r in results.rows(project)}
+    rows = {r[2]: r for r in results.rows(project, "transformer")}
     assert rows["v2.0.0"][3] == "v1.0.0" and rows["v1.0.0"][3] == "-"
+    assert tags(project, "b@*", "b#*", "decision/b/*") == b_tags  # b's registry untouched
 
     # a recipe whose model shape, tokenizer and language pair all differ from v2.0.0's (as its
     # experiment commit recorded them): scratch, each named. The decision alone, on the real
     # registry and workspace; the scratch run it leads to is the fallback test's
     changes = ["model.d_model=48", "tokenizer.vocab_size=320", "download.tgt_lang=fr"]
     ws, _ = prepare(project, "HEAD", PRESET, changes)
-    start, _ = plan(project, ws, read_dag(ws), registry.champion(project))
+    start, _ = plan(project, ws, read_dag(ws), registry.champion(project, "transformer"))
     assert start == Start(
         None,
         "from scratch: the recipe changed model.d_model 64 -> 48; tokenizer.vocab_size 300 -> "

@@ -16,6 +16,7 @@ import psutil
 import pytest
 from helpers.checkout import checkout
 from helpers.docs import walkthrough
+from helpers.lines import TINY_MODEL
 from prefect_fixtures import (
     BIN,
     artifact,
@@ -34,13 +35,7 @@ from flows.workspace import WORKSPACE
 from transformer.model import checkpoint
 
 TINY = [
-    "download.synthetic.train=300",
-    "download.synthetic.valid=20",
-    "download.synthetic.test=20",
-    "tokenizer.vocab_size=300",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_layers=1",
+    *TINY_MODEL,
     "train.max_steps=60",
     "train.save_every_steps=10",
     "train.valid_every_steps=30",
@@ -96,12 +91,18 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         serve.wait()
     # the run crashes saying what died, the automation reschedules it, and the next serve
     # process resumes it: Completed, no person
-    wait_until("the crashed run to be rescheduled", lambda: state(run).name == "AwaitingRetry")
+    wait_until(
+        "the crashed run to be rescheduled",
+        lambda: state(run).name == "AwaitingRetry",
+        every=1.0,
+    )
     with client() as c:
         crashed = [s for s in c.read_flow_run_states(run) if s.is_crashed()]
     assert "the process serving this flow run" in crashed[-1].message
     with served(project, prefect_server):
-        wait_until("the resumed run to finish", lambda: state(run).type.value in TERMINAL)
+        wait_until(
+            "the resumed run to finish", lambda: state(run).type.value in TERMINAL, every=1.0
+        )
         printed = started + waiter.communicate(timeout=600)[0]
     assert state(run).is_completed(), state(run)
     assert waiter.returncode == 0, printed
@@ -195,7 +196,7 @@ def test_real_pipeline_killed_resumed_promoted_fetched(
         cancelled = run_id(r.stdout)
         wait_until("an update of the longer run past its resume point", updated_past_60)
         sh(str(BIN / "prefect"), "flow-run", "cancel", cancelled, cwd=project, env=prefect_server)
-        wait_until("the run to end", lambda: state(cancelled).type.value in TERMINAL)
+        wait_until("the run to end", lambda: state(cancelled).type.value in TERMINAL, every=1.0)
     assert state(cancelled).name == "Cancelled", state(cancelled)
     saved = checkpoint.list_checkpoints(ws / "data/checkpoints")
     cut = checkpoint.load(saved[-1])

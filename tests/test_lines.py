@@ -313,9 +313,17 @@ def test_serve_refuses_the_retrain_flags_on_a_project_of_lines(tmp_path: Path, c
         said = capsys.readouterr().err
         assert e.value.code == 2 and "declares the lines en-de, de-en" in said, said
         assert "meta.recipe" in said
+    with pytest.raises(SystemExit) as e:  # the schedule too: each line's is its meta.cron
+        recipe_args(["--cron", "0 3 * * *", "--local-only"], serve, "", declare(tmp_path, TWO))
+    said = capsys.readouterr().err
+    assert e.value.code == 2 and "declares the lines en-de, de-en" in said and "meta.cron" in said
+    assert recipe_args(["--local-only"], serve, "", tmp_path).cron  # the default, on lines too
     declare(tmp_path, "  transformer:\n    path: data/package\n")
     args = recipe_args(
         ["--retrain-preset", "wmt14-en-de-base", "--local-only"], serve, "", tmp_path
     )
     assert args.retrain_preset == "wmt14-en-de-base"
+    assert recipe_args(["--cron", "0 3 * * *", "--local-only"], serve, "", tmp_path).cron == (
+        "0 3 * * *"
+    )
     assert recipe_args(["--local-only"], serve, "", tmp_path).retrain_preset == "demo"

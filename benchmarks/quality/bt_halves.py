@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
-from benchmarks.common import ROOT
 from benchmarks.quality import noise_clean as nc
-from benchmarks.quality.noise_score import package
+from benchmarks.quality.noise_score import with_helpers
 from flows.significance import paired_bs
 
 RUNS = ("helper-de-en-a", "a", "bt-beam", "bt-sample", "ab")
 PIN = "multi30k-de-en-a@v1.0.0"  # a label: the helper's package is copied, no registry
 M30K = nc.DATA / "multi30k"
+MONO_LINES = "14501-29000"  # B's German
 
 
-def params_for(run: str, minutes: float, seed: int) -> tuple[str, dict]:
+def params_for(
+    run: str, minutes: float, seed: int, mono_lines: str = MONO_LINES
+) -> tuple[str, dict]:
     """The run's preset and dotted overrides (absolute data paths: the clone does not sit beside
     ../shared)."""
     lines = "1-29000" if run == "ab" else "1-14500"
@@ -69,23 +69,13 @@ def params_for(run: str, minutes: float, seed: int) -> tuple[str, dict]:
     mono = {
         "path": str(M30K / "train.{lang}"),
         "name": "multi30k-train-b-de",
-        "lines": "14501-29000",
+        "lines": mono_lines,
     }
+    # the preset scores nothing (score.drop_fraction 0): A is the same pairs in every run
     flat.update({"download.monolingual": [mono], "helpers.backward": PIN})
     if run == "bt-sample":
         flat["backtranslate.search"] = "sample"
     return "multi30k-en-de-bt", flat
-
-
-def with_helper(work: Path, run: str) -> None:
-    """Clone the run's project and put the helper's package where the helpers stage reads it
-    (what the flows' fetch does from the registry)."""
-    proj = work / run
-    if not proj.exists():
-        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(proj)], check=True)
-    dest = proj / "data" / "helpers" / "backward"
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(package(work / "helper-de-en-a"), dest)
 
 
 def report(work: Path, records: dict, resamples: int) -> dict:
@@ -104,12 +94,11 @@ def report(work: Path, records: dict, resamples: int) -> dict:
             steps=live.get("step"),
             train_pairs=manifest["splits"]["train"]["kept"],
         )
-        bt = work / r / "data" / "metrics" / "backtranslate.json"
-        if r.startswith("bt") and bt.exists():
-            rec["backtranslate"] = json.loads(bt.read_text())
+        if r.startswith("bt"):
+            rec["backtranslate"] = json.loads(files["backtranslate"].read_text())
         if r == "helper-de-en-a":  # German -> English: not compared with the others
             continue
-        shard = json.loads((work / r / "data" / "metrics" / "shard.json").read_text())
+        shard = json.loads(files["shard"].read_text())
         if shard.get("synthetic"):
             rec["synthetic"] = shard["synthetic"]
         hyps[r] = nc.read(files["eval"] / "hyps.test.txt")
@@ -135,12 +124,7 @@ def markdown(result: dict) -> str:
             f"| {x.get('bleu_moses_lc')} | {x.get('chrf')} | {x.get('seconds')} "
             f"| {x.get('load_before'):.2f} / {x.get('load_after'):.2f} |"
         )
-    for key in (k for k in result if k.endswith("_vs_a")):
-        t = result[key]
-        lines.append(
-            f"\n{key}: BLEU {t['champion_bleu']} ± {t['champion_bleu_ci']} -> {t['bleu']} ± "
-            f"{t['bleu_ci']} (delta {t['bleu_delta']:+.2f}, p = {t['p']})"
-        )
+    lines += nc.comparisons(result, "_vs_a")
     for r, x in result["runs"].items():
         if "recovered_of_gap" in x:
             lines.append(
@@ -165,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1, help="train.seed")
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     ap.add_argument("--resamples", type=int, default=1000, help="paired bootstrap resamples")
+    ap.add_argument(
+        "--mono-lines", default=MONO_LINES, help="the lines of B back-translated (a quick check)"
+    )
     args = ap.parse_args(argv)
     if not M30K.is_dir():
         raise SystemExit(f"error: {M30K} not found (../shared beside the checkout)")
@@ -176,10 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         if run in records and nc.outputs(work / run)["evaluate"].exists():
             continue
         if run.startswith("bt"):
-            with_helper(work, run)
+            with_helpers(work, run, {"backward": "helper-de-en-a"})
         minutes = args.helper_minutes if run == "helper-de-en-a" else args.minutes
         print(f"{run}: training ({minutes} min) in {work / run}", flush=True)
-        preset, flat = params_for(run, minutes, args.seed)
+        preset, flat = params_for(run, minutes, args.seed, args.mono_lines)
         records[run] = nc.train(work, run, flat, preset)
         state.write_text(json.dumps(records, indent=1))
     records = {r: records[r] for r in RUNS if r in records}

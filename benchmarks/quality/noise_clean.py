@@ -177,6 +177,7 @@ def outputs(proj: Path) -> dict[str, Path]:
         "eval": first("evaluate", "outs"),
         "evaluate": first("evaluate", "metrics"),
         "live": first("train", "metrics"),
+        **{stage: first(stage, "metrics") for stage in ("score", "backtranslate", "shard")},
     }
 
 
@@ -228,6 +229,17 @@ def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -
     return result
 
 
+def comparisons(result: dict, suffix: str) -> list[str]:
+    """A line per paired bootstrap in `result` (its keys ending in `suffix`)."""
+    return [
+        f"\n{key}: BLEU {t['champion_bleu']} ± {t['champion_bleu_ci']} -> {t['bleu']} ± "
+        f"{t['bleu_ci']} (delta {t['bleu_delta']:+.2f}, p = {t['p']}); chrF delta "
+        f"{t['chrf_delta']:+.2f} (p = {t['chrf_p']})"
+        for key, t in result.items()
+        if key.endswith(suffix)
+    ]
+
+
 def markdown(result: dict) -> str:
     runs = result["runs"]
     lines = [
@@ -239,13 +251,7 @@ def markdown(result: dict) -> str:
             f"| {r} | {x.get('steps')} | {x.get('train_pairs')} | {x.get('bleu')} | {x.get('chrf')} "
             f"| {x.get('seconds')} | {x.get('load_before'):.2f} / {x.get('load_after'):.2f} |"
         )
-    for key in (k for k in result if k.endswith("_vs_noisy")):
-        t = result[key]
-        lines.append(
-            f"\n{key}: BLEU {t['champion_bleu']} ± {t['champion_bleu_ci']} -> {t['bleu']} ± "
-            f"{t['bleu_ci']} (delta {t['bleu_delta']:+.2f}, p = {t['p']}); chrF delta "
-            f"{t['chrf_delta']:+.2f} (p = {t['chrf_p']})"
-        )
+    lines += comparisons(result, "_vs_noisy")
     if "recovered" in result:
         lines.append(
             f"\nshare of the noise's BLEU loss recovered by the filters: {result['recovered']}"

@@ -64,17 +64,17 @@ def package(proj: Path) -> Path:
     return proj / (item if isinstance(item, str) else next(iter(item)))
 
 
-def with_helpers(work: Path, run: str) -> None:
-    """Clone the run's project and put its helpers' packages where the helpers stage reads
-    them (what the retrain flow's fetch does from the registry)."""
+def with_helpers(work: Path, run: str, helpers: dict[str, str]) -> None:
+    """Clone the run's project and put the packages of `helpers` ({role: the run that trained
+    it}) where the helpers stage reads them (what the retrain flow's fetch does from the
+    registry)."""
     proj = work / run
     if not proj.exists():
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(proj)], check=True)
-    roles = ("backward",) if run == "scored-backward" else ("forward", "backward")
-    for role in roles:
+    for role, helper in helpers.items():
         dest = proj / "data" / "helpers" / role
         shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(package(work / HELPER_OF[role]), dest)
+        shutil.copytree(package(work / helper), dest)
 
 
 def kinds(corpus: Path) -> dict[tuple[str, str], str]:
@@ -108,7 +108,7 @@ def report(work: Path, corpus: Path, records: dict, resamples: int) -> dict:
         if run not in b:
             continue
         rec = result["runs"][run]
-        metrics = json.loads((work / run / "data" / "metrics" / "score.json").read_text())
+        metrics = json.loads(nc.outputs(work / run)["score"].read_text())
         rec["dropped"] = dropped(work / run, corpus)
         rec["scoring"] = metrics.get("speed")
         if {"noisy", "oracle"} <= set(b) and b["oracle"] != b["noisy"]:
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         # the two helpers (filtered is the English -> German one) at the helpers' budget
         minutes = args.helper_minutes if run in HELPER_OF.values() else args.minutes
         if run.startswith("scored"):
-            with_helpers(work, run)
+            roles = ("backward",) if run == "scored-backward" else ("forward", "backward")
+            with_helpers(work, run, {r: HELPER_OF[r] for r in roles})
         print(f"{run}: training ({minutes} min) in {work / run}", flush=True)
         flat = params_for(run, corpus, minutes, args.seed, args.drop_fraction)
         records[run] = nc.train(work, run, flat)

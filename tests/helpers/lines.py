@@ -9,6 +9,18 @@ from pathlib import Path
 
 from prefect_fixtures import sh
 
+# a toy line's data and model as `-S` overrides: the demo's corpus at 300 pairs, a 1-layer
+# d_model 32 model (tests that run a whole line through the flows add their steps)
+TINY_MODEL = [
+    "download.synthetic.train=300",
+    "download.synthetic.valid=20",
+    "download.synthetic.test=20",
+    "tokenizer.vocab_size=300",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_layers=1",
+]
+
 LINES = """artifacts:
   en-de:
     path: data/package

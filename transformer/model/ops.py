@@ -76,13 +76,14 @@ def _chunks(h, weight, target, keep, eps: float, grads: bool, chunk: int, dtype,
         for i in range(0, h.size(0), rows):
             hc, t = x_in[i : i + rows], target[i : i + rows, None]  # (n, D), (n, 1)
             x = (hc @ w.t()).float()  # (n, V)
-            mean = x.mean(dim=-1)  # -mean_v log p_v = lse - mean_v logit_v
+            # -mean_v log p_v = lse - mean_v logit_v; eps 0 (scoring): one pass over x fewer
+            mean = x.mean(dim=-1) if eps else None
             nll = -x.gather(1, t).squeeze(1)
             m = x.amax(dim=-1, keepdim=True)
             s = x.sub_(m).exp_().sum(dim=-1, keepdim=True)  # x: exp(logit - max)
             lse = (m + s.log()).squeeze(1)
             nll += lse
-            row_loss = (1.0 - eps) * nll + eps * (lse - mean)
+            row_loss = (1.0 - eps) * nll + eps * (lse - mean) if eps else nll
             if keep is not None:  # rows of padding: weight 0 (every_position)
                 k = keep[i : i + rows].to(torch.float32)
                 row_loss, nll = row_loss * k, nll * k
