@@ -248,22 +248,22 @@ RACED = {
 }
 
 
-def tested(gap: float) -> dict:
+def paired(gap: float) -> dict:
     """A paired test's figures (significance.paired_bs) of a student `gap` below its teacher."""
     return {"bleu": 30.0 - gap, "champion_bleu": 30.0, "bleu_delta": -gap, "p": 0.01}
 
 
 def test_the_gate_weighs_the_gap_and_the_speed_and_names_what_failed():
     rules = Rules(max_gap=1.0, min_speedup=2.0)
-    ok, why, figures = distilled.judge(tested(0.4), RACED, rules)
+    ok, why, figures = distilled.judge(paired(0.4), RACED, rules)
     assert ok and why.startswith("student of en-de@v1.0.0: BLEU gap 0.40 (max_gap 1.0)")
     assert figures["failed"] == [] and figures["speedup"] == 2.5
-    ok, why, figures = distilled.judge(tested(1.5), RACED, rules)
+    ok, why, figures = distilled.judge(paired(1.5), RACED, rules)
     assert not ok and figures["failed"] == ["gap"] and "more than max_gap 1.0" in why
     slow = {**RACED, "speedup": 1.2}
-    ok, why, figures = distilled.judge(tested(0.4), slow, rules)
+    ok, why, figures = distilled.judge(paired(0.4), slow, rules)
     assert not ok and figures["failed"] == ["speed"] and "below min_speedup 2.0" in why
-    ok, why, figures = distilled.judge(tested(2.0), slow, rules)
+    ok, why, figures = distilled.judge(paired(2.0), slow, rules)
     assert not ok and figures["failed"] == ["gap", "speed"]
     flat = {"teacher/line": "en-de", "teacher/version": "v1.0.0", "bleu_gap": 0.4, "speedup": 2.5}
     assert distilled.said(flat) == "0.4 below en-de@v1.0.0, 2.5x"

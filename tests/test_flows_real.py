@@ -43,7 +43,7 @@ TINY = [
     "decode.beam_size=1",
 ]
 TERMINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-LOG_LINES = 200  # the most log lines a run (two attempts here, 11 stages) may send the server
+LOG_LINES = 240  # the most log lines a run (two attempts here, 13 stages) may send the server
 # docs/export.md's lines: the champion's hf/ folder with transformers and nothing else
 HF_ONLY = """
 import sys

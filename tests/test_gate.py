@@ -220,6 +220,8 @@ def test_noise_is_refused_with_its_p(prefect_server: dict, continuing_champion: 
         "samples": 1000,
         "seed": 12345,
         "allow_margin_only": False,
+        "max_gap": 1.0,  # a student's rules (flows/distilled.py), unused without a teacher
+        "min_speedup": 3.0,
     }
     table = results.table(results.rows(project), wide=True)
     assert f"p {test['p']:.4f}" in table
