@@ -29,7 +29,6 @@ from transformer.core import allocator, failure, settings
 from transformer.core.files import atomic_dir, count_lines, sha256_file, write_json
 from transformer.core.layout import MODEL, TOKENIZER
 from transformer.core.sections.backtranslate import STAGE_KEYS, SYNTHETIC, BacktranslateConfig
-from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.download import MONO_FILE, DownloadConfig
 from transformer.core.settings import ConfigError
 from transformer.data.vocab import TokenizerError, read_meta, tokenizer_sha256
@@ -156,36 +155,17 @@ def backtranslate(
     meta = check_direction(backward, langs)
     model_sha = sha256_file(backward / MODEL)
     folder = chunked.folder(chunks, fingerprint(mono, backward, cfg, langs, model_sha))
-    tr = _translator(backward, cfg)
+    tr = chunked.load(backward, cfg, BacktranslateError)
     stats = translate_chunks(tr, mono, n_lines, folder, cfg, langs[0])
     pairs = assemble(mono, folder, out_dir, cfg, langs)
     chunked.finish(chunks, folder)
-    backward_record = {
-        "path": str(backward),
-        "model_sha256": model_sha,
-        "tokenizer_sha256": meta["tokenizer_sha256"],
-        "direction": f"{meta['src_lang']}-{meta['tgt_lang']}",
+    return {
+        **record,
+        **pairs,
+        **stats,
+        "device": tr.dec.device.type,
+        "backward": chunked.used(backward, model_sha, meta),
     }
-    return {**record, **pairs, **stats, "device": tr.dec.device.type, "backward": backward_record}
-
-
-def _translator(backward: Path, cfg: BacktranslateConfig) -> Translator:
-    """The backward model and its tokenizer, loaded for decoding (torch: only when needed)."""
-    from transformer.model.checkpoint import CheckpointError
-    from transformer.model.translator import DecodeError, load_translator
-
-    decoding = DecodeConfig(
-        beam_size=cfg.beam_size,
-        length_penalty=cfg.length_penalty,
-        max_len_a=cfg.max_len_a,
-        max_len_b=cfg.max_len_b,
-        batch_tokens=cfg.batch_tokens,
-        precision=cfg.precision,
-    )
-    try:
-        return load_translator(backward / MODEL, backward / TOKENIZER, decoding, cfg.precision)
-    except (CheckpointError, DecodeError) as e:
-        raise BacktranslateError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from transformer.core import allocator, failure, settings
 from transformer.core.files import atomic_dir, count_lines, sha256_file, write_json
 from transformer.core.layout import MODEL, TOKENIZER
-from transformer.core.sections.decode import DecodeConfig
 from transformer.core.sections.distill import DISTILLED, STAGE_KEYS, DistillConfig
 from transformer.core.sections.download import DownloadConfig
 from transformer.core.settings import ConfigError
@@ -159,39 +158,20 @@ def distill(
     meta = check_direction(teacher, langs)
     model_sha = sha256_file(teacher / MODEL)
     folder = chunked.folder(chunks, fingerprint(files, teacher, cfg, langs, model_sha))
-    tr = _translator(teacher, cfg)
+    tr = chunked.load(teacher, cfg, DistillError)
     fn = translator(tr, cfg, langs[1])
     # n-best: the references ride along (line-aligned), for the sentence-level choice
     read = files if cfg.search == "nbest" else files[:1]
     stats = chunked.translate(read, n_lines, folder, cfg.chunk_lines, langs[1], fn, "distill")
     pairs = assemble(files[0], folder, out_dir, cfg, langs)
     chunked.finish(chunks, folder)
-    teacher_record = {
-        "path": str(teacher),
-        "model_sha256": model_sha,
-        "tokenizer_sha256": meta["tokenizer_sha256"],
-        "direction": f"{meta['src_lang']}-{meta['tgt_lang']}",
+    return {
+        **record,
+        **pairs,
+        **stats,
+        "device": tr.dec.device.type,
+        "teacher": chunked.used(teacher, model_sha, meta),
     }
-    return {**record, **pairs, **stats, "device": tr.dec.device.type, "teacher": teacher_record}
-
-
-def _translator(teacher: Path, cfg: DistillConfig) -> Translator:
-    """The teacher and its tokenizer, loaded for decoding (torch: only when needed)."""
-    from transformer.model.checkpoint import CheckpointError
-    from transformer.model.translator import DecodeError, load_translator
-
-    decoding = DecodeConfig(
-        beam_size=cfg.beam_size,
-        length_penalty=cfg.length_penalty,
-        max_len_a=cfg.max_len_a,
-        max_len_b=cfg.max_len_b,
-        batch_tokens=cfg.batch_tokens,
-        precision=cfg.precision,
-    )
-    try:
-        return load_translator(teacher / MODEL, teacher / TOKENIZER, decoding, cfg.precision)
-    except (CheckpointError, DecodeError) as e:
-        raise DistillError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,8 @@ the settings: `key`). That folder is not a DVC output, since DVC deletes a stage
 before running it: a killed run finds its whole chunks there and translates only the rest, and
 never reuses chunks of other inputs (`folder` removes them). The stage assembles its output from
 the chunks and then removes the folder (`finish`); DVC caches the output, so a second `dvc
-repro` translates nothing. Torch-free: the caller's function does the decoding.
+repro` translates nothing. Torch-free until `load` loads the translating package; the
+caller's function does the decoding.
 """
 
 from __future__ import annotations
@@ -20,15 +21,46 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from transformer.core.files import atomic_write, count_lines, remove_partial_writes
+from transformer.core.layout import MODEL, TOKENIZER
+
+if TYPE_CHECKING:
+    from transformer.model.translator import Translator
 
 log = logging.getLogger("transformer.model.chunked")
 # of a chunk folder: part of its key, so that another layout is never resumed
 FORMAT = 1
+# a stage's search settings (the backtranslate and distill sections share decode's names)
+SEARCH = ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_tokens", "precision")
+
+
+def load(package: Path, cfg: Any, error: type[Exception]) -> Translator:
+    """The package's model and tokenizer, loaded to decode with the SEARCH settings of `cfg`
+    (a stage's section); a bad package raises `error` (the stage's), naming it."""
+    from transformer.core.sections.decode import DecodeConfig
+    from transformer.model.checkpoint import CheckpointError
+    from transformer.model.translator import DecodeError, load_translator
+
+    decoding = DecodeConfig(**{k: getattr(cfg, k) for k in SEARCH})
+    try:
+        return load_translator(package / MODEL, package / TOKENIZER, decoding, cfg.precision)
+    except (CheckpointError, DecodeError) as e:
+        raise error(str(e)) from None
+
+
+def used(package: Path, model_sha: str, meta: dict[str, Any]) -> dict[str, str]:
+    """What a stage's metrics record of the package it translated with (`meta`: its
+    tokenizer's)."""
+    return {
+        "path": str(package),
+        "model_sha256": model_sha,
+        "tokenizer_sha256": meta["tokenizer_sha256"],
+        "direction": f"{meta['src_lang']}-{meta['tgt_lang']}",
+    }
 
 
 def read_chunks(path: Path, size: int) -> Iterator[list[str]]:
