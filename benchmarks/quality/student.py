@@ -1,7 +1,8 @@
 """A distilled student against its teacher (issue 82): quality and speed, one run after the other.
 
     python -m benchmarks.quality.student WORKDIR [--teacher-preset demo]
-        [--student-preset demo-student] [--minutes M] [--multi30k] [--resamples 1000]
+        [--student-preset demo-student] [--set KEY=VALUE ...] [--minutes M] [--multi30k]
+        [--resamples 1000]
 
 Each model in a fresh clone of this checkout's HEAD under WORKDIR/NAME, with `dvc repro` as
 `make demo` or `make multi30k` run it (jemalloc preloaded where installed):
@@ -13,7 +14,9 @@ Each model in a fresh clone of this checkout's HEAD under WORKDIR/NAME, with `dv
 
 `--minutes M` gives both runs train.time_budget_minutes M (the issue's Multi30k protocol: the
 teacher the preset's 60 minutes, the student at most as long); without it each preset's own
-budget. `--multi30k`: the Multi30k splits by absolute paths (a clone does not sit beside
+budget. `--set KEY=VALUE` (repeatable, VALUE as YAML) changes the student's shape or settings
+over its preset: another shape in another WORKDIR, with a copy of the first one's teacher/ and
+its runs.json entry, trains the student alone. `--multi30k`: the Multi30k splits by absolute paths (a clone does not sit beside
 ../shared). Reports, on the evaluate split: each model's BLEU and the paired bootstrap of the
 student against the teacher; the race stage's figures (ours, one thread, each with its served
 settings, the fastest of distill.rounds turns: the gate's speed-up); and each package through
@@ -140,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--teacher-preset", default="demo")
     ap.add_argument("--student-preset", default="demo-student")
     ap.add_argument("--minutes", type=float, help="both runs' train.time_budget_minutes")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a student override"
+    )
     ap.add_argument("--multi30k", action="store_true", help="Multi30k's splits, absolute paths")
     ap.add_argument("--resamples", type=int, default=1000, help="paired bootstrap resamples")
     args = ap.parse_args(argv)
@@ -158,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
         if run == "student":
             with_helpers(work, run, {"teacher": "teacher"})
             extra["helpers.teacher"] = pin
+            for o in args.set:
+                key, _, value = o.partition("=")
+                extra[key] = yaml.safe_load(value)
         print(f"{run}: training ({preset}) in {work / run}", flush=True)
         records[run] = nc.train(work, run, {**flat, **extra}, preset)
         state.write_text(json.dumps(records, indent=1))
