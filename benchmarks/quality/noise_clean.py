@@ -177,7 +177,12 @@ def outputs(proj: Path) -> dict[str, Path]:
         "eval": first("evaluate", "outs"),
         "evaluate": first("evaluate", "metrics"),
         "live": first("train", "metrics"),
-        **{stage: first(stage, "metrics") for stage in ("score", "backtranslate", "shard")},
+        # (a clone made before a stage existed lacks it)
+        **{
+            stage: first(stage, "metrics")
+            for stage in ("score", "backtranslate", "shard", "distill", "race")
+            if stage in stages
+        },
     }
 
 

@@ -58,12 +58,6 @@ def overrides(minutes: float | None, multi30k: bool) -> dict[str, object]:
     return flat
 
 
-def race_metrics(proj: Path) -> Path:
-    """The race stage's metrics file, by the path dvc.yaml names."""
-    stage = yaml.safe_load((proj / "dvc.yaml").read_text())["stages"]["race"]
-    return proj / stage["metrics"][0]
-
-
 def served(pkg: Path, raw: Path, split: str, src: str, tgt: str, out: Path) -> list[dict]:
     """export_bench's rows for package `pkg` (one thread, its shipped beam and α)."""
     cmd = [sys.executable, "-m", "benchmarks.cpu.export_bench", str(pkg)]
@@ -77,7 +71,7 @@ def served(pkg: Path, raw: Path, split: str, src: str, tgt: str, out: Path) -> l
 def report(work: Path, records: dict, resamples: int) -> dict:
     files = {r: nc.outputs(work / r) for r in ("teacher", "student")}
     ev = {r: json.loads(f["evaluate"].read_text()) for r, f in files.items()}
-    race = json.loads(race_metrics(work / "student").read_text())
+    race = json.loads(files["student"]["race"].read_text())
     dl = yaml.safe_load((work / "student" / "params.yaml").read_text())["download"]
     split, src_lang, lang = race["split"], dl["src_lang"], dl["tgt_lang"]
     raw = files["student"]["raw"]
