@@ -14,10 +14,10 @@ Each model in a fresh clone of this checkout's HEAD under WORKDIR/NAME, with `dv
 
 `--minutes M` gives both runs train.time_budget_minutes M (the issue's Multi30k protocol: the
 teacher the preset's 60 minutes, the student at most as long); without it each preset's own
-budget. `--set KEY=VALUE` (repeatable, VALUE as YAML) changes the student's shape or settings
-over its preset: another shape in another WORKDIR, with a copy of the first one's teacher/ and
-its runs.json entry, trains the student alone. `--multi30k`: the Multi30k splits by absolute paths (a clone does not sit beside
-../shared). Reports, on the evaluate split: each model's BLEU and the paired bootstrap of the
+budget. `--set KEY=VALUE` (repeatable, VALUE as JSON where it parses, as `flows.run -p`)
+changes the student's shape or settings over its preset: another shape in another WORKDIR, with
+a copy of the first one's teacher/ and its runs.json entry, trains the student alone.
+`--multi30k`: the Multi30k splits by absolute paths (a clone does not sit beside ../shared). Reports, on the evaluate split: each model's BLEU and the paired bootstrap of the
 student against the teacher; the race stage's figures (ours, one thread, each with its served
 settings, the fastest of distill.rounds turns: the gate's speed-up); and each package through
 benchmarks/cpu/export_bench.py (ours fp32/int8, CTranslate2 float32/int8, one thread, each
@@ -38,6 +38,7 @@ import yaml
 
 from benchmarks.quality import noise_clean as nc
 from benchmarks.quality.noise_score import package, with_helpers
+from flows.run import parameter
 from flows.significance import paired_bs
 
 M30K = nc.DATA / "multi30k"
@@ -138,7 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--student-preset", default="demo-student")
     ap.add_argument("--minutes", type=float, help="both runs' train.time_budget_minutes")
     ap.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="a student override"
+        "--set",
+        type=parameter,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a student override",
     )
     ap.add_argument("--multi30k", action="store_true", help="Multi30k's splits, absolute paths")
     ap.add_argument("--resamples", type=int, default=1000, help="paired bootstrap resamples")
@@ -158,9 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         if run == "student":
             with_helpers(work, run, {"teacher": "teacher"})
             extra["helpers.teacher"] = pin
-            for o in args.set:
-                key, _, value = o.partition("=")
-                extra[key] = yaml.safe_load(value)
+            extra.update(args.set)
         print(f"{run}: training ({preset}) in {work / run}", flush=True)
         records[run] = nc.train(work, run, {**flat, **extra}, preset)
         state.write_text(json.dumps(records, indent=1))
