@@ -227,11 +227,17 @@ def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -
         b = {r: records[r]["bleu"] for r in records}
         lost = b["clean"] - b["noisy"]
         result["recovered"] = round((b["filtered"] - b["noisy"]) / lost, 3) if lost else None
-        if "oracle" in b and b["oracle"] != b["noisy"]:  # of what a perfect filter wins back
-            result["recovered_of_oracle"] = round(
-                (b["filtered"] - b["noisy"]) / (b["oracle"] - b["noisy"]), 3
-            )
+        if (share := share_of_oracle(b, "filtered")) is not None:
+            result["recovered_of_oracle"] = share
     return result
+
+
+def share_of_oracle(bleu: dict[str, float], run: str) -> float | None:
+    """What `run` wins back over noisy, as a share of what a perfect filter (the oracle) wins
+    back; None without both runs or where the oracle won nothing."""
+    if not {"noisy", "oracle"} <= set(bleu) or bleu["oracle"] == bleu["noisy"]:
+        return None
+    return round((bleu[run] - bleu["noisy"]) / (bleu["oracle"] - bleu["noisy"]), 3)
 
 
 def comparisons(result: dict, suffix: str) -> list[str]:

@@ -113,20 +113,16 @@ def report(work: Path, corpus: Path, records: dict, resamples: int) -> dict:
         metrics = json.loads(nc.outputs(work / run)["score"].read_text())
         rec["dropped"] = dropped(work / run, corpus)
         rec["scoring"] = metrics.get("speed")
-        if {"noisy", "oracle"} <= set(b) and b["oracle"] != b["noisy"]:
-            rec["recovered_of_oracle"] = round(
-                (b[run] - b["noisy"]) / (b["oracle"] - b["noisy"]), 3
-            )
+        if (share := nc.share_of_oracle(b, run)) is not None:
+            rec["recovered_of_oracle"] = share
     if "filtered" in b:  # scoring's own gain: against the rule filters it is added to
         refs = nc.read(nc.DATA / "multi30k" / "test_2016_flickr.de")
         base = nc.read(nc.outputs(work / "filtered")["eval"] / "hyps.test.txt")
         for run in (r for r in ("oracle", "scored-backward", "scored") if r in b):
             hyps = nc.read(nc.outputs(work / run)["eval"] / "hyps.test.txt")
             result[f"{run}_vs_filtered"] = paired_bs(refs, base, hyps, "de", resamples, 12345)
-        if {"noisy", "oracle"} <= set(b) and b["oracle"] != b["noisy"]:
-            result["filtered_of_oracle"] = round(
-                (b["filtered"] - b["noisy"]) / (b["oracle"] - b["noisy"]), 3
-            )
+        if (share := nc.share_of_oracle(b, "filtered")) is not None:
+            result["filtered_of_oracle"] = share
     for run in ("filtered", "helper-de-en"):  # the helpers' training time
         if run in records:
             result.setdefault("helpers", {})[run] = records[run].get("seconds")

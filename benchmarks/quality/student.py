@@ -17,8 +17,9 @@ teacher the preset's 60 minutes, the student at most as long); without it each p
 budget. `--set KEY=VALUE` (repeatable, VALUE as JSON where it parses, as `flows.run -p`)
 changes the student's shape or settings over its preset: another shape in another WORKDIR, with
 a copy of the first one's teacher/ and its runs.json entry, trains the student alone.
-`--multi30k`: the Multi30k splits by absolute paths (a clone does not sit beside ../shared). Reports, on the evaluate split: each model's BLEU and the paired bootstrap of the
-student against the teacher; the race stage's figures (ours, one thread, each with its served
+`--multi30k`: the Multi30k splits by absolute paths (a clone does not sit beside ../shared).
+Reports, on the evaluate split: each model's BLEU and the paired bootstrap of the student
+against the teacher; the race stage's figures (ours, one thread, each with its served
 settings, the fastest of distill.rounds turns: the gate's speed-up); and each package through
 benchmarks/cpu/export_bench.py (ours fp32/int8, CTranslate2 float32/int8, one thread, each
 with its shipped beam). Writes WORKDIR/results.{json,md}. A run whose evaluate metrics exist is
