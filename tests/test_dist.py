@@ -14,16 +14,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # tensors while the process ends; rank 1 ends as a CLI's error does, with sys.exit("message").
 RANKS = """
 import sys
+import time
+from pathlib import Path
 import torch
 import torch.distributed as dist
 from transformer.core import dist as tdist
+
+PRINTED = Path(__file__).with_name("rank0.printed")
 
 def main():
     dist.init_process_group("gloo")
     works = [dist.all_reduce(torch.ones(200_000), async_op=True) for _ in range(30)]
     if dist.get_rank() == 1:
+        # after rank 0 has printed: else torchrun may stop rank 0 first (a loaded machine)
+        while not PRINTED.exists():
+            time.sleep(0.01)
         sys.exit("error: rank 1's own")
     print("rank 0 done", flush=True)
+    PRINTED.touch()
 
 tdist.run(main)
 """
