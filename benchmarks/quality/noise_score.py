@@ -2,7 +2,8 @@
 the rule filters, then dual conditional cross-entropy by two helpers trained on that same corpus.
 
     python -m benchmarks.quality.noise_score WORKDIR [--rate 0.2] [--minutes 20]
-        [--helper-minutes 20] [--drop-fraction 0.05] [--seed 1] [--resamples 1000]
+        [--helper-minutes 20] [--drop-fraction 0.05] [--seed 1] [--noise-seed SEED]
+        [--resamples 1000]
 
 The noise protocol of benchmarks/quality/noise_clean.py (docs/experiments/2026-11-29-noise-
 injection.md), its runs reused where WORKDIR already holds them (the same WORKDIR works for
@@ -23,7 +24,9 @@ scoring adds to the rule filters), the share of what the oracle wins back (`(sco
 pairs of each kind and how many clean pairs each scored run dropped, the helpers' training time
 and the scoring speed (pairs per second, data/metrics/score.json). Writes WORKDIR/score_results.
 {json,md}. Time it on an otherwise idle machine: the load average before and after each run is
-recorded.
+recorded. A second draw of the training alone is `--seed 2 --noise-seed 1` in a new WORKDIR with
+seed 1's two helper directories (`filtered`, `helper-de-en`) and their runs.json entries copied
+in: the noise is the same lines, so the helpers need not be trained again.
 """
 
 from __future__ import annotations
@@ -172,6 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--drop-fraction", type=float, default=0.05, help="score.drop_fraction")
     ap.add_argument("--seed", type=int, default=1, help="train.seed (and the noise's draw)")
+    ap.add_argument(
+        "--noise-seed",
+        type=int,
+        help="the noise's draw alone (default: --seed); keep it to reuse another seed's helpers",
+    )
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     ap.add_argument("--resamples", type=int, default=1000, help="paired bootstrap resamples")
     args = ap.parse_args(argv)
@@ -179,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {nc.DATA / 'multi30k'} not found (../shared beside the checkout)")
     work = args.workdir.resolve()
     corpus = work / "corpus"
-    counts = nc.build(corpus, args.rate, args.seed)
+    noise_seed = args.seed if args.noise_seed is None else args.noise_seed
+    counts = nc.build(corpus, args.rate, noise_seed)
     print(f"noise: {counts} -> {corpus}", flush=True)
     state = work / "runs.json"  # noise_clean's: its runs are reused
     records = json.loads(state.read_text()) if state.exists() else {}

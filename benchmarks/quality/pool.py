@@ -1,0 +1,92 @@
+"""Pool several draws of a share benchmark (bt_halves, noise_score) into one decision.
+
+    python -m benchmarks.quality.pool RESULTS.json [RESULTS.json ...] --low a --high ab
+        --mid bt-beam --target 0.5 [--edge 0.7]
+
+One sitting of bt_halves or noise_score is a single draw of each run: a time-bounded run's
+update count and order move test BLEU by ~1 BLEU between sittings (docs/experiments/
+2026-12-02-noise-score-20min-helpers.md), which the test set's paired bootstrap does not see.
+This reads each sitting's results file (their `runs.NAME.bleu`), takes each run's mean over
+the sittings, and decides the issue's share, `(mid - low) / (high - low) >= target`, against
+the line `low + target * (high - low)` of the means: met if `mid` is at least `--edge` BLEU above
+it, not met if at least `--edge` below, otherwise at the edge. `--edge` defaults to 1 BLEU over
+the square root of the number of sittings (the standard error of a mean of n draws).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+
+def pool(
+    draws: list[dict[str, float]],
+    low: str,
+    mid: str,
+    high: str,
+    target: float,
+    edge: float | None = None,
+) -> dict:
+    """The pooled decision over `draws`, each a run name -> test BLEU mapping of one sitting."""
+    if not draws:
+        raise ValueError("no sittings to pool")
+    for i, draw in enumerate(draws, 1):
+        missing = [r for r in (low, mid, high) if r not in draw]
+        if missing:
+            raise ValueError(f"sitting {i} has no run {', '.join(missing)}")
+    mean = {r: statistics.fmean(d[r] for d in draws) for r in (low, mid, high)}
+    gap = mean[high] - mean[low]
+    if gap <= 0:
+        raise ValueError(f"{high} is not above {low} on the mean ({gap:+.2f} BLEU): no share")
+    edge = 1.0 / math.sqrt(len(draws)) if edge is None else edge
+    line = mean[low] + target * gap
+    margin = mean[mid] - line
+    verdict = "met" if margin >= edge else "not met" if margin <= -edge else "at the edge"
+    return {
+        "sittings": len(draws),
+        "mean": {r: round(v, 2) for r, v in mean.items()},
+        "shares": [round((d[mid] - d[low]) / (d[high] - d[low]), 3) for d in draws],
+        "share": round((mean[mid] - mean[low]) / gap, 3),
+        "line": round(line, 2),
+        "margin": round(margin, 2),
+        "edge": round(edge, 2),
+        "verdict": verdict,
+    }
+
+
+def bleus(path: Path) -> dict[str, float]:
+    """A results file's run name -> test BLEU."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        return {name: float(run["bleu"]) for name, run in runs.items() if "bleu" in run}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path}: not a results file with runs.NAME.bleu ({e})") from e
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.quality.pool",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("results", type=Path, nargs="+", help="each sitting's results JSON")
+    ap.add_argument("--low", required=True, help="the run the share starts from (a, noisy)")
+    ap.add_argument("--mid", required=True, help="the run judged (bt-beam, scored)")
+    ap.add_argument("--high", required=True, help="the run the share ends at (ab, oracle)")
+    ap.add_argument("--target", type=float, required=True, help="the share asked (0.5, 0.9)")
+    ap.add_argument("--edge", type=float, help="BLEU either side of the line that decides")
+    args = ap.parse_args(argv)
+    try:
+        out = pool(
+            [bleus(p) for p in args.results], args.low, args.mid, args.high, args.target, args.edge
+        )
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
