@@ -26,6 +26,12 @@ def test_the_verdict_needs_the_mean_beyond_the_edge(mid, verdict):
     assert out["verdict"] == verdict
 
 
+def test_a_sitting_without_a_gap_shows_no_share_of_its_own():
+    out = pool([SEED1, {"a": 31.0, "bt-beam": 31.5, "ab": 31.0}], "a", "bt-beam", "ab", 0.5)
+    assert out["shares"] == [0.472, None]
+    assert out["line"] == pytest.approx(32.65, abs=0.01) and out["verdict"] == "at the edge"
+
+
 def test_a_missing_run_or_no_gap_is_an_error_naming_it(tmp_path, capsys):
     with pytest.raises(ValueError, match="sitting 2 has no run ab"):
         pool([SEED1, {"a": 1.0, "bt-beam": 2.0}], "a", "bt-beam", "ab", 0.5)

@@ -48,13 +48,18 @@ def pool(
     return {
         "sittings": len(draws),
         "mean": {r: round(v, 2) for r, v in mean.items()},
-        "shares": [round((d[mid] - d[low]) / (d[high] - d[low]), 3) for d in draws],
+        "shares": [_share(d[low], d[mid], d[high]) for d in draws],
         "share": round((mean[mid] - mean[low]) / gap, 3),
         "line": round(line, 2),
         "margin": round(margin, 2),
         "edge": round(edge, 2),
         "verdict": verdict,
     }
+
+
+def _share(low: float, mid: float, high: float) -> float | None:
+    """One sitting's share; None where that sitting has no gap (only the means decide)."""
+    return None if high == low else round((mid - low) / (high - low), 3)
 
 
 def bleus(path: Path) -> dict[str, float]:
