@@ -33,6 +33,7 @@ from pathlib import Path
 
 from benchmarks.quality import noise_clean as nc
 from benchmarks.quality.noise_score import with_helpers
+from benchmarks.quality.pool import share
 from flows.significance import paired_bs
 
 RUNS = ("helper-de-en-a", "a", "bt-beam", "bt-sample", "ab")
@@ -109,7 +110,7 @@ def report(work: Path, records: dict, resamples: int) -> dict:
     if {"a", "ab"} <= set(b) and b["ab"] != b["a"]:
         for r in ("bt-beam", "bt-sample"):
             if r in b:
-                records[r]["recovered_of_gap"] = round((b[r] - b["a"]) / (b["ab"] - b["a"]), 3)
+                records[r]["recovered_of_gap"] = share(b["a"], b[r], b["ab"])
     return result
 
 

@@ -39,6 +39,7 @@ import yaml
 
 from benchmarks.common import JEMALLOC, ROOT, SHARED
 from benchmarks.quality.multi30k_sweep import overrides_to_tree
+from benchmarks.quality.pool import share
 from flows.significance import paired_bs
 from transformer.core.presets import merge
 from transformer.core.sections.download import CleanConfig
@@ -235,9 +236,9 @@ def report(work: Path, corpus: Path, records: dict[str, dict], resamples: int) -
 def share_of_oracle(bleu: dict[str, float], run: str) -> float | None:
     """What `run` wins back over noisy, as a share of what a perfect filter (the oracle) wins
     back; None without both runs or where the oracle won nothing."""
-    if not {"noisy", "oracle"} <= set(bleu) or bleu["oracle"] == bleu["noisy"]:
+    if not {"noisy", "oracle"} <= set(bleu):
         return None
-    return round((bleu[run] - bleu["noisy"]) / (bleu["oracle"] - bleu["noisy"]), 3)
+    return share(bleu["noisy"], bleu[run], bleu["oracle"])
 
 
 def comparisons(result: dict, suffix: str) -> list[str]:

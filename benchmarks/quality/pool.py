@@ -48,7 +48,7 @@ def pool(
     return {
         "sittings": len(draws),
         "mean": {r: round(v, 2) for r, v in mean.items()},
-        "shares": [_share(d[low], d[mid], d[high]) for d in draws],
+        "shares": [share(d[low], d[mid], d[high]) for d in draws],
         "share": round((mean[mid] - mean[low]) / gap, 3),
         "line": round(line, 2),
         "margin": round(margin, 2),
@@ -57,8 +57,8 @@ def pool(
     }
 
 
-def _share(low: float, mid: float, high: float) -> float | None:
-    """One sitting's share; None where that sitting has no gap (only the means decide)."""
+def share(low: float, mid: float, high: float) -> float | None:
+    """`(mid - low) / (high - low)`, what `mid` wins of the gap; None where there is no gap."""
     return None if high == low else round((mid - low) / (high - low), 3)
 
 
