@@ -49,3 +49,12 @@ def test_the_cli_reads_results_files(tmp_path, capsys):
     main([str(path), "--low", "a", "--mid", "bt-beam", "--high", "ab", "--target", "0.5"])
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "at the edge" and out["sittings"] == 1
+
+
+def test_a_run_counted_twice_is_refused_unless_allowed():
+    copied = {"a": 31.0, "bt-beam": SEED1["bt-beam"], "ab": 39.0}  # bt-beam copied from seed 1
+    with pytest.raises(
+        ValueError, match=r"run bt-beam has the same BLEU \(34.08\) in sittings 1 and 2"
+    ):
+        pool([SEED1, copied], "a", "bt-beam", "ab", 0.5)
+    assert pool([SEED1, copied], "a", "bt-beam", "ab", 0.5, allow_repeats=True)["sittings"] == 2

@@ -11,6 +11,10 @@ the sittings, and decides the issue's share, `(mid - low) / (high - low) >= targ
 the line `low + target * (high - low)` of the means: met if `mid` is at least `--edge` BLEU above
 it, not met if at least `--edge` below, otherwise at the edge. `--edge` defaults to 1 BLEU over
 the square root of the number of sittings (the standard error of a mean of n draws).
+
+A run with the same figure in two sittings is an error: it is one run counted twice (a sitting
+whose runs were copied from another, as noise_score's helpers and filtered run are), which would
+shrink the edge without adding a draw. `--allow-repeats` pools them anyway (two draws that tie).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def pool(
     high: str,
     target: float,
     edge: float | None = None,
+    allow_repeats: bool = False,
 ) -> dict:
     """The pooled decision over `draws`, each a run name -> test BLEU mapping of one sitting."""
     if not draws:
@@ -37,6 +42,8 @@ def pool(
         missing = [r for r in (low, mid, high) if r not in draw]
         if missing:
             raise ValueError(f"sitting {i} has no run {', '.join(missing)}")
+    if not allow_repeats:
+        _refuse_repeats(draws, (low, mid, high))
     mean = {r: statistics.fmean(d[r] for d in draws) for r in (low, mid, high)}
     gap = mean[high] - mean[low]
     if gap <= 0:
@@ -55,6 +62,18 @@ def pool(
         "edge": round(edge, 2),
         "verdict": verdict,
     }
+
+
+def _refuse_repeats(draws: list[dict[str, float]], runs: tuple[str, ...]) -> None:
+    for run in runs:
+        seen: dict[float, int] = {}
+        for i, draw in enumerate(draws, 1):
+            if draw[run] in seen:
+                raise ValueError(
+                    f"run {run} has the same BLEU ({draw[run]}) in sittings {seen[draw[run]]} "
+                    f"and {i}: one run counted twice? (--allow-repeats if they are two draws)"
+                )
+            seen[draw[run]] = i
 
 
 def share(low: float, mid: float, high: float) -> float | None:
@@ -83,10 +102,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--high", required=True, help="the run the share ends at (ab, oracle)")
     ap.add_argument("--target", type=float, required=True, help="the share asked (0.5, 0.9)")
     ap.add_argument("--edge", type=float, help="BLEU either side of the line that decides")
+    ap.add_argument(
+        "--allow-repeats", action="store_true", help="pool a run's equal figures as two draws"
+    )
     args = ap.parse_args(argv)
     try:
         out = pool(
-            [bleus(p) for p in args.results], args.low, args.mid, args.high, args.target, args.edge
+            [bleus(p) for p in args.results],
+            args.low,
+            args.mid,
+            args.high,
+            args.target,
+            args.edge,
+            args.allow_repeats,
         )
     except ValueError as e:
         raise SystemExit(f"error: {e}") from e
