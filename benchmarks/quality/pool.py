@@ -56,7 +56,7 @@ def pool(
         "sittings": len(draws),
         "mean": {r: round(v, 2) for r, v in mean.items()},
         "shares": [share(d[low], d[mid], d[high]) for d in draws],
-        "share": round((mean[mid] - mean[low]) / gap, 3),
+        "share": share(mean[low], mean[mid], mean[high]),
         "line": round(line, 2),
         "margin": round(margin, 2),
         "edge": round(edge, 2),
