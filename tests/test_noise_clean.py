@@ -87,3 +87,24 @@ def test_each_run_is_a_valid_config_and_only_filtered_filters(tmp_path):
         paths = [p["path"] for parts in params["download"]["splits"].values() for p in parts]
         assert all(Path(p).is_absolute() for p in paths), paths
         assert ("corpus" in paths[0]) == (run != "clean")
+
+
+def test_the_drop_curve_counts_each_kind_among_each_fractions_worst():
+    """benchmarks/quality/drop_curve.py: the worst `fraction` by cost, as the score stage drops
+    them (the earlier of equal costs first), counted by kind."""
+    from benchmarks.quality.drop_curve import curve
+
+    costs = [0.1, 3.0, 0.2, 2.0, 2.0, 0.3, 0.4, 0.5, 0.6, 0.7]
+    kind_of = ["clean", "misaligned", "clean", "misaligned", "clean"] + ["clean"] * 4 + ["wmt"]
+    low, high = curve(costs, kind_of, [0.2, 0.4])
+    assert low == {
+        "fraction": 0.2,
+        "dropped": 2,
+        "cost_at_edge": 2.0,
+        "misaligned": 2,  # 3.0, then the earlier of the two 2.0s
+        "misaligned_of": 2,
+        "clean": 0,
+        "clean_of": 7,
+        "other_noise": 0,
+    }
+    assert (high["dropped"], high["misaligned"], high["clean"], high["other_noise"]) == (4, 2, 1, 1)
