@@ -1,11 +1,11 @@
-"""benchmarks/scale/wmt14_rehearsal.py's measurements: disk that DVC adds, a command's peak RSS."""
+"""benchmarks/scale/measure.py, the rehearsal's measurements: disk DVC adds, a peak RSS."""
 
 import os
 import sys
 
 
 def test_disk_counts_a_hardlinked_cache_file_once_and_a_copy_twice(load_benchmark, tmp_path):
-    bench = load_benchmark("scale.wmt14_rehearsal")
+    bench = load_benchmark("scale.measure")
     (tmp_path / "data").mkdir()
     cache = tmp_path / ".dvc" / "cache" / "files"
     cache.mkdir(parents=True)
@@ -20,7 +20,7 @@ def test_disk_counts_a_hardlinked_cache_file_once_and_a_copy_twice(load_benchmar
 
 
 def test_run_measures_the_commands_peak_rss_and_dvcs_share_of_its_time(load_benchmark, tmp_path):
-    bench = load_benchmark("scale.wmt14_rehearsal")
+    bench = load_benchmark("scale.measure")
     child = (
         "import subprocess, sys; print(\"Running stage 'x':\", flush=True); "
         "subprocess.run([sys.executable, '-c', 'import time; b = bytearray(300 << 20); "
