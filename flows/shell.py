@@ -34,13 +34,18 @@ from transformer.core.failure import cause as failure_cause
 from transformer.core.failure import read as read_record
 
 LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
-# causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network
+# causes worth a retry: killed by a signal (OOM, a dying machine), a full disk, the network,
+# a run-cache race
 TRANSIENT = re.compile(
     r"No space left on device|Errno 28|Out of diskspace|Connection (reset|refused|aborted)|"
     r"timed out|Temporary failure|"
     # the stage's own process killed: DVC says "exited with -9" when its shell exec'd the
     # command and "exited with 137" (128 + 9) when a shell waited for it; torchrun "exitcode : -9"
-    r"exited with (-(9|15)|137|143)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)"
+    r"exited with (-(9|15)|137|143)\b|exitcode\s*:\s*-(9|15)\b|Signal (9|15) \(SIG(KILL|TERM)\)|"
+    # two workspaces (lines run at once) repro the same stage into the one cache: DVC 3's run
+    # cache lets one's reader delete the other's half-written temporary entry as corrupted, and
+    # the writer fails on the file gone; the stage's outputs were made, a retry completes it
+    r"No such file or directory: '[^']*/runs/[0-9a-f]{2}/[0-9a-f]{64}/"
 )
 # the train stage's "preempted, resume me" (PREEMPTED: SIGTERM / SIGUSR1 to it, or a cancelled
 # run's stop): it saved the update in progress, and --resume goes on from it

@@ -323,6 +323,21 @@ def test_a_stage_killed_by_a_signal_is_worth_a_retry(tmp_path, then) -> None:
     assert e.value.transient, str(e.value)
 
 
+def test_a_run_cache_race_between_two_workspaces_is_worth_a_retry() -> None:
+    """Two lines' workspaces repro the same stage into one cache at once: DVC's run cache lets one
+    delete the other's half-written entry, whose stage then fails on the file gone (the two-lines
+    scenario's error, verbatim). Retried; a missing file of the stage's own is not."""
+    key = "f101deeeac5e9819e30080fa37ac4e5f0ee30d8e3c88aea68bdcf90ecf151b4f"
+    tmp = f"/tmp/p/toy/.dvc/cache/runs/f1/{key}/.Pyt_DsdpO-VkXBWaiKF0aQ.tmp"
+    raced = f"ERROR: failed to reproduce 'stats': [Errno 2] No such file or directory: '{tmp}'"
+    missing = (
+        "ERROR: failed to reproduce 'shard': [Errno 2] No such file or directory: 'data/corpus'"
+    )
+    cmd = ["dvc", "repro", "--single-item", "stats"]
+    assert CommandError("stage stats", cmd, 255, ["toy stats: start", raced]).transient
+    assert not CommandError("stage shard", cmd, 255, [missing]).transient
+
+
 RANKS = """
 import os, signal, sys, time
 if os.environ["RANK"] == "0":
